@@ -1,0 +1,52 @@
+"""The model-agnostic index of the hybrid prefix cache: it decides, it never moves bytes.
+
+Pure Python (no torch, no sglang). One concept per module, named as in the spec:
+``keys`` (§5.1), ``node`` / ``tree`` (§5.2), ``snapshot`` (§5.3), ``host_slabs`` (§5.4),
+``match`` (§6.1), ``admission`` (§6.2-6.3), ``taps`` (§7.1), ``device_lru`` (§9.1),
+``device_slots`` (§9.2), ``valuation`` / ``host_eviction`` (§9.3), ``invariants`` (§10),
+``cost`` / ``presets`` (§6.2, §11.4), ``config`` (§14.2) and the facade ``prefix_index``.
+"""
+
+from .admission import Candidate, Quote, Readiness, quote
+from .config import CacheConfig, resolve_config
+from .cost import CostModel
+from .host_slabs import ConfigError, HostSlabPool
+from .invariants import IntegrityError, check_integrity
+from .keys import BLOCK_TOKENS, PromptKey, pack_tokens
+from .lane import Lane
+from .match import Match
+from .node import BlockNode, Residency
+from .prefix_index import CommitKind, IndexStats, PrefixIndex
+from .snapshot import Snapshot, SnapshotKind
+from .taps import HintKind, Tap, TapHint, TapPlanner, TapSource
+
+__all__ = [
+    "BLOCK_TOKENS",
+    "BlockNode",
+    "CacheConfig",
+    "Candidate",
+    "CommitKind",
+    "ConfigError",
+    "CostModel",
+    "HintKind",
+    "HostSlabPool",
+    "IndexStats",
+    "IntegrityError",
+    "Lane",
+    "Match",
+    "PrefixIndex",
+    "PromptKey",
+    "Quote",
+    "Readiness",
+    "Residency",
+    "Snapshot",
+    "SnapshotKind",
+    "Tap",
+    "TapHint",
+    "TapPlanner",
+    "TapSource",
+    "check_integrity",
+    "pack_tokens",
+    "quote",
+    "resolve_config",
+]

@@ -1,0 +1,94 @@
+"""Configuration and its defaults (spec §14.2): the host budget is the only capacity to choose.
+
+Every other value derives from the concurrency C, the prefill chunk and whether a host tier exists:
+
+=================  ==========================  ==================================================
+value              default                     reason
+=================  ==========================  ==================================================
+host budget        8 GiB; 0 = device only      the one capacity a deployment picks
+snapshot slots     C + 1 (host) / C + 2        one resident snapshot per live conversation plus
+                                               staging; without a host the slots are all there is
+taps per request   8 (host) / 2                without a host, taps would evict other lineages
+tap ladder G       max(4096, 2 * chunk)        ladder taps land on chunk boundaries anyway
+tap min gap        max(1024, chunk)            the same
+=================  ==========================  ==================================================
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .host_slabs import ConfigError
+
+DEFAULT_HOST_CACHE_MIB = 8192
+
+FLAG_HOST = "--hybrid-host-cache-mib"
+FLAG_SLOTS = "--hybrid-device-snapshot-slots"
+FLAG_TAPS = "--hybrid-taps-per-request"
+FLAG_LADDER = "--hybrid-tap-ladder"
+FLAG_MIN_GAP = "--hybrid-tap-min-gap"
+
+
+@dataclass(frozen=True, slots=True)
+class CacheConfig:
+    host_cache_bytes: int
+    device_snapshot_slots: int
+    max_new_taps: int
+    tap_ladder_tokens: int
+    tap_min_gap_tokens: int
+    chunk_tokens: int
+    concurrency: int
+
+    @property
+    def has_host(self) -> bool:
+        return self.host_cache_bytes > 0
+
+    def describe(self) -> str:
+        host = f"{self.host_cache_bytes / 2**20:.0f} MiB" if self.has_host else "off"
+        return (
+            f"host tier {host}, {self.device_snapshot_slots} device snapshot slots, "
+            f"{self.max_new_taps} taps/request, ladder {self.tap_ladder_tokens}, "
+            f"min gap {self.tap_min_gap_tokens} (concurrency {self.concurrency}, "
+            f"chunk {self.chunk_tokens})"
+        )
+
+
+def _positive(value: int | None, flag: str, *, allow_zero: bool = False) -> int | None:
+    if value is None:
+        return None
+    if value < 0 or (value == 0 and not allow_zero):
+        bound = "non-negative" if allow_zero else "positive"
+        raise ConfigError(f"{flag} must be {bound}, got {value}")
+    return value
+
+
+def resolve_config(
+    *,
+    concurrency: int,
+    chunk_tokens: int,
+    host_cache_mib: int | None = None,
+    device_snapshot_slots: int | None = None,
+    max_new_taps: int | None = None,
+    tap_ladder_tokens: int | None = None,
+    tap_min_gap_tokens: int | None = None,
+) -> CacheConfig:
+    if concurrency <= 0:
+        raise ConfigError(f"concurrency must be positive, got {concurrency}")
+    if chunk_tokens <= 0:
+        raise ConfigError(f"prefill chunk must be positive, got {chunk_tokens}")
+    mib = _positive(host_cache_mib, FLAG_HOST, allow_zero=True)
+    host_bytes = (DEFAULT_HOST_CACHE_MIB if mib is None else mib) << 20
+    has_host = host_bytes > 0
+    slots = _positive(device_snapshot_slots, FLAG_SLOTS)
+    taps = _positive(max_new_taps, FLAG_TAPS, allow_zero=True)
+    ladder = _positive(tap_ladder_tokens, FLAG_LADDER)
+    gap = _positive(tap_min_gap_tokens, FLAG_MIN_GAP, allow_zero=True)
+    return CacheConfig(
+        host_cache_bytes=host_bytes,
+        device_snapshot_slots=slots if slots is not None else concurrency + (1 if has_host else 2),
+        max_new_taps=taps if taps is not None else (8 if has_host else 2),
+        tap_ladder_tokens=ladder if ladder is not None else max(4096, 2 * chunk_tokens),
+        tap_min_gap_tokens=gap if gap is not None else max(1024, chunk_tokens),
+        chunk_tokens=chunk_tokens,
+        concurrency=concurrency,
+    )

@@ -1,0 +1,36 @@
+"""Cost model (spec §6.2, §11.4): seconds a prefix saves, one scale for admission and eviction.
+
+prefill_seconds(base B, tokens S) = chunk_s * ceil(S / chunk) + token_s * S
+                                    + pair_s * (B*S + S*(S+1)/2)
+restore_seconds(bytes)            = bytes / h2d_bytes_per_s + batch_s   (0 bytes cost nothing)
+
+The attention-pair term makes a long prefix expensive to rebuild even when few tokens are new.
+The model only ranks choices; capacity and validity never depend on it (§10.10). Presets are plain
+data (see ``presets.py``); a deployment may calibrate its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class CostModel:
+    token_s: float = 1.0e-4  # per prefilled token (weights, MLP, linear attention)
+    pair_s: float = 1.0e-9  # per attention (query, key) pair over all full-attention layers
+    chunk_s: float = 2.0e-3  # fixed cost of one prefill pass
+    chunk_tokens: int = 8192
+    h2d_bytes_per_s: float = 25e9
+    batch_s: float = 2.0e-5  # per restore batch
+
+    def prefill_seconds(self, base: int, tokens: int) -> float:
+        if tokens <= 0:
+            return 0.0
+        passes = -(-tokens // self.chunk_tokens)
+        pairs = base * tokens + tokens * (tokens + 1) / 2
+        return self.chunk_s * passes + self.token_s * tokens + self.pair_s * pairs
+
+    def restore_seconds(self, nbytes: int) -> float:
+        if nbytes <= 0:
+            return 0.0
+        return nbytes / self.h2d_bytes_per_s + self.batch_s

@@ -1,0 +1,65 @@
+"""Device LRU of cached KV pages (spec §9.1).
+
+Entries are tree nodes with ``active_refs == 0`` and no restore pins, and snapshot tails with no
+restore pins, whose device copy is resident. Two lists: *backed* entries (a host copy exists, so
+dropping the device copy is bookkeeping) are always consumed before *unbacked* ones (dropping the
+device copy loses the last copy, §9.4). Within a list the head is the least recently used entry.
+
+Tail-first: a releasing lane appends its nodes in reverse block order, so a conversation's deeper
+blocks leave the device before its shallower ones; a hit moves the path to the MRU end.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+Entry = object  # a BlockNode (its block) or a Snapshot (its tail)
+
+
+class DeviceLRU:
+    def __init__(self) -> None:
+        self.backed: OrderedDict[Entry, int] = OrderedDict()  # entry -> device tokens
+        self.unbacked: OrderedDict[Entry, int] = OrderedDict()
+        self.tokens = 0  # device tokens held by all entries: SGLang's evictable_size
+
+    def __len__(self) -> int:
+        return len(self.backed) + len(self.unbacked)
+
+    def __contains__(self, entry: Entry) -> bool:
+        return entry in self.backed or entry in self.unbacked
+
+    def add(self, entry: Entry, tokens: int, backed: bool) -> None:
+        """Append at the MRU end. The entry must not be in either list."""
+        (self.backed if backed else self.unbacked)[entry] = tokens
+        self.tokens += tokens
+
+    def remove(self, entry: Entry) -> None:
+        tokens = self.backed.pop(entry, None)
+        if tokens is None:
+            tokens = self.unbacked.pop(entry)
+        self.tokens -= tokens
+
+    def discard(self, entry: Entry) -> None:
+        if entry in self:
+            self.remove(entry)
+
+    def touch(self, entry: Entry) -> None:
+        if entry in self.backed:
+            self.backed.move_to_end(entry)
+        elif entry in self.unbacked:
+            self.unbacked.move_to_end(entry)
+
+    def set_backed(self, entry: Entry, backed: bool) -> None:
+        """Move between lists, keeping the entry's recency rank approximately (it goes MRU)."""
+        src, dst = (self.unbacked, self.backed) if backed else (self.backed, self.unbacked)
+        if entry in src:
+            dst[entry] = src.pop(entry)
+
+    def peek_victim(self) -> Entry | None:
+        for lst in (self.backed, self.unbacked):
+            if lst:
+                return next(iter(lst))
+        return None
+
+    def is_backed(self, entry: Entry) -> bool:
+        return entry in self.backed

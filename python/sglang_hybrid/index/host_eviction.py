@@ -1,0 +1,108 @@
+"""Host eviction (spec §9.3): dead KV first, then superseded snapshots, then GDSF.
+
+To free slabs:
+
+1. dead-KV sweep: host copies of nodes no snapshot can reach (``live_snapshots_below == 0``, no
+   refs, no pins) can never produce a hit; leaves first, so no child outlives its parent's copy;
+2. otherwise the oldest superseded snapshot goes entirely (both copies; L unchanged), then 1;
+3. otherwise the retained snapshot with the minimum H, then 1 (its exclusive path just died);
+   L := H(victim). A victim still complete on the device only gives up its host copy.
+
+An image write bounds step 3 with its own priority: GDSF never inserts what it would evict next,
+so when the victim is worth more the write is refused and the new snapshot stays device-only
+(§9.2). KV block writes are not bounded. Pinned or filling objects are never touched.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .node import BlockNode, Residency
+from .snapshot import Snapshot
+
+if TYPE_CHECKING:
+    from .prefix_index import PrefixIndex
+
+R = Residency
+
+
+def make_room(index: PrefixIndex, k: int, *, bound: float | None = None) -> bool:
+    """Evict until ``k`` slabs are free; False (having evicted only what it may) when it cannot."""
+    host = index.host
+    assert host is not None
+    if k > host.n_slabs:
+        return False
+    while host.free < k:
+        if index.dead:
+            _sweep_one(index)
+            continue
+        victim = _oldest_superseded(index)
+        if victim is not None:
+            index.stats.host_superseded_evicted += 1
+            index.delete_snapshot(victim)
+            continue
+        victim = min_h_victim(index)
+        if victim is None or (bound is not None and victim.h > bound):
+            return False
+        index.stats.host_gdsf_evicted += 1
+        index.L = max(index.L, victim.h)  # max(): revaluations may lower an old H below L
+        if victim.complete_on_device:
+            _drop_snapshot_host(index, victim)
+        else:
+            index.delete_snapshot(victim)
+    return True
+
+
+def _evictable(s: Snapshot) -> bool:
+    return (
+        s.restore_pins == 0
+        and s.host_state is not R.FILLING
+        and s.tail_host_state is not R.FILLING
+        and (s.host_state is R.RESIDENT or s.tail_host_state is R.RESIDENT)
+    )
+
+
+def _oldest_superseded(index: PrefixIndex) -> Snapshot | None:
+    for s in index.superseded:
+        if _evictable(s):
+            return s
+    return None
+
+
+def min_h_victim(index: PrefixIndex) -> Snapshot | None:
+    """The retained host-resident snapshot with the lowest H (an O(snapshots) scan, §9.3)."""
+    best: Snapshot | None = None
+    for s in index.snapshots.values():
+        if not s.superseded and _evictable(s) and (best is None or s.h < best.h):
+            best = s
+    return best
+
+
+def _sweep_one(index: PrefixIndex) -> None:
+    node = next(iter(index.dead))
+    # Leaves first: descend while a child also holds a dead host copy.
+    while True:
+        nxt: BlockNode | None = None
+        for c in node.iter_children():
+            if c in index.dead:
+                nxt = c
+                break
+        if nxt is None:
+            break
+        node = nxt
+    index.stats.host_dead_swept += 1
+    index.drop_node_host(node)
+
+
+def _drop_snapshot_host(index: PrefixIndex, s: Snapshot) -> None:
+    host = index.host
+    assert host is not None
+    if s.host_slabs:
+        host.release(s.host_slabs)
+    s.host_slabs, s.host_state = (), R.ABSENT
+    if s.tail_host_slab >= 0:
+        host.release([s.tail_host_slab])
+        s.tail_host_slab, s.tail_host_state = -1, R.ABSENT
+        index._tail_changed(s)
+    index.valuer.revalue(s)
+    index.epoch += 1

@@ -1,0 +1,31 @@
+"""Lanes: a running request as the index sees it (spec §6.4, §7.6-7.7).
+
+A lane holds an active reference on every tree node of its committed prefix (``path``), remembers
+the snapshot it resumed from and the last tap it published (both candidates for supersession,
+§9.3), and whether it may leave anything in the cache at all (§7.7: disabled requests never insert).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .node import BlockNode
+from .snapshot import Snapshot
+
+
+@dataclass(slots=True, eq=False)
+class Lane:
+    id: int
+    enabled: bool  # False: the request was asked not to touch the cache (§7.7)
+    path: list[BlockNode] = field(default_factory=list)  # nodes of blocks [0, len(path))
+    resumed_from: Snapshot | None = None
+    resumed_from_endpoint: bool = False
+    last_tap: Snapshot | None = None
+    pending_supersede: list[Snapshot] = field(default_factory=list)  # applied at publication
+    pinned: list[Snapshot] = field(default_factory=list)  # snapshots this lane is copying from
+    published: int = 0
+    closed: bool = False
+
+    @property
+    def committed_tokens(self) -> int:
+        return 64 * len(self.path)

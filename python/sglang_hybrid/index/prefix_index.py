@@ -1,0 +1,705 @@
+"""PrefixIndex: the model-agnostic hybrid prefix cache index (spec §5-§10).
+
+It decides and never moves bytes. Device copies are opaque handles the binding passes in (SGLang:
+a block's KV slot ids); when the index drops one it queues the handle for the binding to free
+(:meth:`drain_freed_device`). Host slabs and device snapshot slots are counted here; ``store/``
+moves their bytes.
+
+Contract with a binding, per request (a *lane*):
+
+- :meth:`match` then :meth:`open_lane` with the chosen source snapshot (pins the path up to its
+  frontier, counts a hit, pins the snapshot until :meth:`unpin_sources` after its copy);
+- :meth:`commit` after every pass that completes blocks (§7.6);
+- :meth:`reserve_slot` (supersedes per §9.3, takes a slot per §9.2), copy the live state into it,
+  then :meth:`publish` (taps mid-prefill, the endpoint at finish or cancel, §7.4, §7.7);
+- :meth:`plan_writes` / :meth:`complete_writes` (write-through) and :meth:`release`.
+
+Every mutation keeps the invariants of §10; :func:`~.invariants.check_integrity` verifies them.
+All bookkeeping is O(1) or O(path); host victim selection is O(snapshots) (§9.3).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from . import valuation as val
+from .config import CacheConfig
+from .cost import CostModel
+from .device_lru import DeviceLRU
+from .device_slots import STAGING, DeviceSnapshotSlots, SlotSource
+from .host_slabs import HostSlabPool
+from .keys import BLOCK_BYTES, BLOCK_TOKENS, PromptKey
+from .lane import Lane
+from .match import Match, match_prompt
+from .node import BlockNode, Residency
+from .snapshot import Snapshot, SnapshotKind
+from .taps import TapPlanner
+from .tree import BlockTree
+
+R = Residency
+
+
+class CommitKind(enum.IntEnum):
+    NEW = 0  # the lane's page became the node's device copy
+    DUPLICATE = 1  # the node already had a device copy; the lane's page stays the lane's
+    ADOPTED = 2  # a host-only node took the lane's page as its device copy
+
+
+@dataclass(slots=True)
+class IndexStats:
+    taps_published: int = 0
+    endpoints_published: int = 0
+    duplicate_publications: int = 0
+    skipped_no_slot: int = 0
+    device_evicted_backed: int = 0
+    device_evicted_unbacked: int = 0
+    subtree_deletions: int = 0
+    host_dead_swept: int = 0
+    host_superseded_evicted: int = 0
+    host_gdsf_evicted: int = 0
+    image_writes_refused: int = 0
+
+
+class PrefixIndex:
+    def __init__(
+        self, config: CacheConfig, *, image_bytes: int, slab_bytes: int, cost: CostModel
+    ) -> None:
+        self.config = config
+        self.image_bytes = image_bytes
+        self.slab_bytes = slab_bytes
+        self.tree = BlockTree()
+        self.lru = DeviceLRU()
+        self.slots = DeviceSnapshotSlots(config.device_snapshot_slots)
+        self.host: HostSlabPool | None = (
+            HostSlabPool(config.host_cache_bytes, slab_bytes, image_bytes)
+            if config.has_host
+            else None
+        )
+        self.valuer = val.Valuer(cost, image_bytes, slab_bytes)
+        self.planner = TapPlanner(
+            max_new_taps=config.max_new_taps,
+            ladder_tokens=config.tap_ladder_tokens,
+            min_gap_tokens=config.tap_min_gap_tokens,
+        )
+        self.snapshots: dict[int, Snapshot] = {}
+        self.superseded: OrderedDict[Snapshot, None] = OrderedDict()  # oldest supersession first
+        self.dead: OrderedDict[BlockNode, None] = OrderedDict()  # host KV no snapshot can reach
+        self.lanes: dict[int, Lane] = {}
+        self.L = 0.0  # GDSF inflation (§9.3), monotonic
+        self.tick = 0
+        self.epoch = 0  # bumps whenever a quote may have gone stale (§6.3)
+        self.device_tokens = 0  # device tokens held by cache entries (nodes and tails)
+        self.stats = IndexStats()
+        self._freed: list[tuple[object, int]] = []
+        self._next_snapshot = 1
+        self._next_lane = 1
+
+    # ================================================================ sizes
+    @property
+    def evictable_tokens(self) -> int:
+        return self.lru.tokens
+
+    @property
+    def protected_tokens(self) -> int:
+        return self.device_tokens - self.lru.tokens
+
+    def drain_freed_device(self) -> list[tuple[object, int]]:
+        """Device handles (and their token footprint) the index dropped since the last drain."""
+        out, self._freed = self._freed, []
+        return out
+
+    # ================================================================ lookup
+    def match(self, key: PromptKey, limit: int | None = None) -> Match:
+        return match_prompt(self.tree, key, limit)
+
+    def touch(self, m: Match) -> None:
+        """A hit: the path goes MRU, deepest first, so shallow blocks outlive deep ones."""
+        self.tick += 1
+        for node in reversed(m.path):
+            node.last_access = self.tick
+            self.lru.touch(node)
+
+    # ================================================================ lanes
+    def open_lane(self, m: Match, source: Snapshot | None, *, enabled: bool = True) -> Lane:
+        """Start a request resuming at ``source`` (None: the root). Pins its path (§6.4)."""
+        lane = Lane(id=self._next_lane, enabled=enabled)
+        self._next_lane += 1
+        self.tick += 1
+        if source is not None:
+            if source.id not in self.snapshots:
+                raise ValueError(f"{source} is no longer in the index")
+            k = source.anchor.depth + 1
+            if k > len(m.path) or (k and m.path[k - 1] is not source.anchor):
+                raise ValueError(f"{source} is not on the matched path")
+            self._hit(source)
+            self.pin_snapshot(source)
+            lane.pinned.append(source)
+            lane.resumed_from = source
+            lane.resumed_from_endpoint = source.kind is SnapshotKind.ENDPOINT
+            for node in m.path[:k]:
+                self._ref(node, lane)
+        self.lanes[lane.id] = lane
+        return lane
+
+    def _ref(self, node: BlockNode, lane: Lane) -> None:
+        node.active_refs += 1
+        node.last_access = self.tick
+        lane.path.append(node)
+        self._node_changed(node)
+
+    def unpin_sources(self, lane: Lane) -> None:
+        """The lane's copies out of its source snapshot (state, tail) have landed."""
+        for s in lane.pinned:
+            self.unpin_snapshot(s)
+        lane.pinned.clear()
+
+    def commit(
+        self, lane: Lane, key: PromptKey, upto: int, device_of: Callable[[int], object]
+    ) -> list[tuple[int, BlockNode, CommitKind]]:
+        """Blocks [committed, upto // 64) of the lane become tree nodes it holds (§7.6).
+
+        ``device_of(b)`` gives the lane's device handle of block ``b``; it is called only for
+        blocks whose page the tree takes (NEW and ADOPTED).
+        """
+        if not lane.enabled or lane.closed:
+            return []
+        start, end = len(lane.path), min(upto, key.n) // BLOCK_TOKENS
+        if end <= start:
+            return []
+        hashes = key.ensure_hashes(end)
+        data, bb = key.data, BLOCK_BYTES
+        extra_of = key.extra if key.has_extras else None
+        tree, path = self.tree, lane.path
+        out: list[tuple[int, BlockNode, CommitKind]] = []
+        parent = path[-1] if path else tree.root
+        self.tick += 1
+        tick, new, dup, adopted = self.tick, CommitKind.NEW, CommitKind.DUPLICATE, CommitKind.ADOPTED
+        for b in range(start, end):
+            h, tokens = hashes[b], data[b * bb : (b + 1) * bb]
+            x = extra_of(b) if extra_of is not None else 0
+            node = tree.find_child(parent, h, tokens, x) if parent.children else None
+            if node is None:
+                # A new node is pinned by this lane and device-only: in neither the LRU nor the
+                # dead list, so no membership update is needed.
+                node = tree.add_child(parent, h, tokens, x)
+                node.device, node.device_state = device_of(b), R.RESIDENT
+                node.active_refs, node.last_access = 1, tick
+                path.append(node)
+                out.append((b, node, new))
+                parent = node
+                continue
+            if node.device_state is R.ABSENT:
+                node.device, node.device_state = device_of(b), R.RESIDENT
+                kind = adopted
+            else:
+                kind = dup
+            self._ref(node, lane)
+            out.append((b, node, kind))
+            parent = node
+        self.device_tokens += BLOCK_TOKENS * sum(1 for _, _, k in out if k is not dup)
+        self.epoch += 1
+        return out
+
+    def release(self, lane: Lane) -> None:
+        """Drop the lane's refs; its nodes enter the device LRU deepest first (§7.7, §9.1)."""
+        if lane.closed:
+            return
+        self.unpin_sources(lane)
+        self.tick += 1
+        for node in reversed(lane.path):
+            node.active_refs -= 1
+            self._node_changed(node)
+        lane.path.clear()
+        lane.closed = True
+        del self.lanes[lane.id]
+
+    # ================================================================ snapshots
+    def plan_taps(self, lane: Lane, key: PromptKey, m: Match, hints=(), n: int | None = None):
+        """Taps for ``lane``'s prompt (§7.1), deduplicated against snapshots on its path."""
+        n = key.n if n is None else n
+        base = lane.resumed_from.frontier if lane.resumed_from is not None else 0
+        existing = [s.frontier for node in m.path for s in node.snapshots or () if not s.tail]
+        bp = m.branch_point if m.branch_point is not None and m.branch_point >= base + 64 else None
+        return self.planner.plan(
+            n,
+            base,
+            hints,
+            existing=existing,
+            vision_spans=key.vision_spans,
+            branch_point=bp,
+            skip_opener=lane.resumed_from_endpoint,
+        )
+
+    def reserve_slot(self, lane: Lane, frontier: int, kind: SnapshotKind) -> int | None:
+        """A device snapshot slot for the lane's next snapshot, or None (skip it, §9.2).
+
+        The lane's lineage (the snapshot it resumed from; its previous tap when this is a tap) is
+        superseded by this snapshot (§9.3) and is offered as a slot victim first, so the slot
+        comes from the lineage when it can. The supersession itself is applied when the new
+        snapshot is published (or at once when no slot is found): counting the new snapshot
+        first keeps every counter walk between the two snapshots instead of up to the root.
+        """
+        if not lane.enabled:
+            return None
+        lineage = self._lineage(lane, frontier, kind)
+        base = max((t.frontier for t in (lane.resumed_from, lane.last_tap)
+                    if t is not None and t.frontier < frontier), default=0)
+        estimate = self.valuer.estimate(self.L, base, frontier, frontier % BLOCK_TOKENS != 0)
+        choice = self.slots.choose(estimate, superseding=lineage)
+        if choice is None:
+            self.stats.skipped_no_slot += 1
+            self._revalue(*self._supersede_all(lineage))
+            return None
+        victim = choice.victim
+        if victim is not None:
+            keeps_host_copy = victim.host_state is R.RESIDENT
+            if choice.source is SlotSource.HOST_BACKED or (
+                choice.source is SlotSource.SUPERSEDED and keeps_host_copy
+            ):
+                self._drop_image_device(victim)
+            else:
+                if choice.source is SlotSource.DEVICE_ONLY:
+                    self.L = max(self.L, victim.h)
+                self.delete_snapshot(victim)
+        self.slots.take(choice.slot, STAGING)
+        lane.pending_supersede = lineage
+        return choice.slot
+
+    def cancel_slot(self, slot: int, lane: Lane | None = None) -> None:
+        """Hand back a reserved slot unused; the lane's lineage still moved on."""
+        assert self.slots.owner[slot] is STAGING, slot
+        self.slots.release(slot)
+        if lane is not None:
+            self._revalue(*self._supersede_all(lane.pending_supersede))
+            lane.pending_supersede = []
+
+    def publish(
+        self,
+        lane: Lane,
+        key: PromptKey,
+        frontier: int,
+        slot: int,
+        kind: SnapshotKind,
+        *,
+        tail_device: object | None = None,
+        tail_device_tokens: int = 0,
+    ) -> Snapshot | None:
+        """Publish the state in staging ``slot`` at ``frontier`` (§7.4, §7.7).
+
+        The lane must have committed every full block below the frontier; a partial last block
+        needs ``tail_device`` (a cache-owned copy of its KV). A duplicate (same anchor and tail) is
+        a no-op that refreshes recency: the slot and tail handle are handed back (returns None).
+        """
+        k = frontier // BLOCK_TOKENS
+        if len(lane.path) < k:
+            raise ValueError(f"publish at {frontier} before blocks [0, {64 * k}) were committed")
+        if frontier % BLOCK_TOKENS and tail_device is None:
+            raise ValueError(f"frontier {frontier} is inside a block and no tail was given")
+        anchor = lane.path[k - 1] if k else self.tree.root
+        tail = key.tokens(BLOCK_TOKENS * k, frontier)
+        self.tick += 1
+        for s in anchor.snapshots or ():
+            if s.tail == tail:
+                s.last_hit_tick = self.tick
+                self.stats.duplicate_publications += 1
+                self.cancel_slot(slot, lane)
+                if tail_device is not None:
+                    self._freed.append((tail_device, tail_device_tokens))
+                return None
+        s = Snapshot(
+            id=self._next_snapshot, anchor=anchor, frontier=frontier, tail=tail, kind=kind
+        )
+        self._next_snapshot += 1
+        s.device_slot, s.device_state = slot, R.RESIDENT
+        self.slots.take(slot, s)
+        if tail:
+            s.tail_device, s.tail_device_state = tail_device, R.RESIDENT
+            s.tail_device_tokens = tail_device_tokens
+            self.device_tokens += tail_device_tokens
+        s.l_at, s.last_hit_tick = self.L, self.tick
+        owner = self._add_retained(s)  # before s is listed: the owner is someone else
+        if anchor.snapshots is None:
+            anchor.snapshots = []
+        anchor.snapshots.append(s)
+        self.snapshots[s.id] = s
+        self._add_live(anchor, +1)
+        s.ancestor = val.find_ancestor(s)
+        for d in val.find_dependents(s):
+            self._relink(d, s)
+        if s.ancestor is not None:
+            s.ancestor.dependents.append(s)
+        recost, resize = self._supersede_all(lane.pending_supersede)
+        lane.pending_supersede = []
+        self._revalue([*val.retained_frontier_below(s), *recost], [s, owner, *resize])
+        self._tail_changed(s)
+        if kind is SnapshotKind.ENDPOINT:
+            self.stats.endpoints_published += 1
+        else:
+            self.stats.taps_published += 1
+            lane.last_tap = s
+        lane.published += 1
+        self.epoch += 1
+        return s
+
+    def pin_snapshot(self, s: Snapshot) -> None:
+        s.restore_pins += 1
+        self._tail_changed(s)
+
+    def unpin_snapshot(self, s: Snapshot) -> None:
+        s.restore_pins -= 1
+        assert s.restore_pins >= 0, s
+        self._tail_changed(s)
+
+    def supersede(self, s: Snapshot) -> None:
+        """``s``'s lineage moved past it (§9.3). A Boundary stays retained once shared."""
+        if self._may_supersede(s):
+            self._revalue(*self._supersede_all([s]))
+
+    def _may_supersede(self, s: Snapshot) -> bool:
+        if s.superseded or s.id not in self.snapshots:
+            return False
+        return s.kind is not SnapshotKind.BOUNDARY or BlockTree.is_single_chain(s.anchor)
+
+    def _lineage(self, lane: Lane, frontier: int, kind: SnapshotKind) -> list[Snapshot]:
+        out = []
+        for t in (lane.resumed_from, lane.last_tap if kind is not SnapshotKind.ENDPOINT else None):
+            if t is not None and t.frontier < frontier and self._may_supersede(t) and t not in out:
+                out.append(t)
+        return out
+
+    def _supersede_all(
+        self, snaps: list[Snapshot]
+    ) -> tuple[list[Snapshot | None], list[Snapshot | None]]:
+        """Supersede each; returns (snapshots whose C changed, snapshots whose Z changed)."""
+        recost: list[Snapshot | None] = []
+        resize: list[Snapshot | None] = []
+        for s in snaps:
+            if not self._may_supersede(s):
+                continue
+            recost += val.retained_frontier_below(s)
+            s.superseded = True
+            self.tick += 1
+            s.superseded_tick = self.tick
+            self.superseded[s] = None
+            resize.append(self._remove_retained(s))
+        return recost, resize
+
+    def _hit(self, s: Snapshot) -> None:
+        s.hits += 1
+        s.l_at = self.L
+        s.last_hit_tick = self.tick
+        if s.superseded:  # a hit retains it again until the lineage moves on (§9.3)
+            owner = self._add_retained(s)  # while still flagged: the owner is someone else
+            s.superseded = False
+            del self.superseded[s]
+            self._revalue(list(val.retained_frontier_below(s)), [s, owner])
+        else:
+            self.valuer.recost(s)
+
+    def delete_snapshot(self, s: Snapshot) -> None:
+        assert s.restore_pins == 0, f"deleting pinned {s}"
+        retained = not s.superseded
+        below = list(val.retained_frontier_below(s)) if retained else []
+        s.anchor.snapshots.remove(s)  # type: ignore[union-attr]
+        if not s.anchor.snapshots:
+            s.anchor.snapshots = None
+        del self.snapshots[s.id]
+        self.superseded.pop(s, None)
+        owner = self._remove_retained(s) if retained else None
+        self._add_live(s.anchor, -1)
+        for d in list(s.dependents):
+            self._relink(d, s.ancestor)
+        if s.ancestor is not None:
+            s.ancestor.dependents.remove(s)
+        s.ancestor = None
+        if s.device_slot >= 0:
+            self.slots.release(s.device_slot)
+            s.device_slot, s.device_state = -1, R.ABSENT
+        if self.host is not None:
+            if s.host_slabs:
+                self.host.release(s.host_slabs)
+            if s.tail_host_slab >= 0:
+                self.host.release([s.tail_host_slab])
+        s.host_slabs, s.host_state = (), R.ABSENT
+        s.tail_host_slab, s.tail_host_state = -1, R.ABSENT
+        if s.tail_device_state is not R.ABSENT:
+            self._drop_tail_device(s)
+        self._revalue(below, [owner])
+        self.epoch += 1
+
+    # ---------------------------------------------------------------- snapshot helpers
+    def _relink(self, d: Snapshot, new_ancestor: Snapshot | None) -> None:
+        if d.ancestor is not None:
+            d.ancestor.dependents.remove(d)
+        d.ancestor = new_ancestor
+        if new_ancestor is not None:
+            new_ancestor.dependents.append(d)
+
+    def _revalue(
+        self, recost: list[Snapshot | None], resize: list[Snapshot | None] = ()  # type: ignore[assignment]
+    ) -> None:
+        """Recompute C for ``recost`` and C and Z for ``resize``, once each (None and repeats ok).
+
+        Z walks a path, C does not. The owners the retained-count helpers return are the only
+        snapshots whose exclusive path can change with an event.
+        """
+        seen: set[int] = set()
+        for t in resize:
+            if t is not None and t.id not in seen and t.id in self.snapshots:
+                seen.add(t.id)
+                self.valuer.revalue(t)
+        for t in recost:
+            if t is not None and t.id not in seen and t.id in self.snapshots:
+                seen.add(t.id)
+                self.valuer.recost(t)
+
+    # Path counters are per branch (own anchored snapshots + children whose count is nonzero),
+    # so an update propagates only while a count crosses zero: publishing below a live snapshot
+    # stops at it. Zero still means exactly "no snapshot's path includes this node" (§5.2).
+    def _add_live(self, node: BlockNode, delta: int) -> None:
+        while node.parent is not None:
+            before = node.live_snapshots_below
+            node.live_snapshots_below = before + delta
+            if (before == 0) == (before + delta == 0):
+                return
+            self._node_changed(node)
+            node = node.parent
+
+    def _add_retained(self, s: Snapshot) -> Snapshot | None:
+        """Count ``s`` as retained; returns the snapshot whose exclusive path it now shares.
+
+        ``s`` must not yet be visible as retained at its anchor (unlisted or still flagged).
+        """
+        node = s.anchor
+        while node.parent is not None and not node.retained_below:
+            node = node.parent
+        owner = val.sole_retained_below(node) if node.parent is not None else None
+        node = s.anchor
+        while node.parent is not None:
+            node.retained_below += 1
+            if node.retained_below > 1:
+                break
+            node = node.parent
+        return owner
+
+    def _remove_retained(self, s: Snapshot) -> Snapshot | None:
+        """Stop counting ``s`` (already flagged); returns the snapshot whose exclusive path grew."""
+        node = s.anchor
+        while node.parent is not None:
+            node.retained_below -= 1
+            if node.retained_below:
+                return val.sole_retained_below(node)
+            node = node.parent
+        return None
+
+    # ================================================================ residency
+    def _node_changed(self, n: BlockNode) -> None:
+        """Re-derive LRU and dead-KV membership from the node's fields (the single place)."""
+        free = n.active_refs == 0 and n.restore_pins == 0
+        in_lru = free and n.device_state is R.RESIDENT
+        backed = n.host_state is R.RESIDENT
+        if in_lru:
+            if n in self.lru:
+                self.lru.set_backed(n, backed)
+            else:
+                self.lru.add(n, BLOCK_TOKENS, backed)
+        elif n in self.lru:
+            self.lru.remove(n)
+        dead = free and backed and n.live_snapshots_below == 0
+        if dead:
+            if n not in self.dead:
+                self.dead[n] = None
+        elif n in self.dead:
+            del self.dead[n]
+
+    def _tail_changed(self, s: Snapshot) -> None:
+        in_lru = s.tail_device_state is R.RESIDENT and s.restore_pins == 0
+        backed = s.tail_host_state is R.RESIDENT
+        if in_lru:
+            if s in self.lru:
+                self.lru.set_backed(s, backed)
+            else:
+                self.lru.add(s, s.tail_device_tokens, backed)
+        elif s in self.lru:
+            self.lru.remove(s)
+
+    def _drop_image_device(self, s: Snapshot) -> None:
+        self.slots.release(s.device_slot)
+        s.device_slot, s.device_state = -1, R.ABSENT
+        self.epoch += 1
+
+    def _drop_tail_device(self, s: Snapshot) -> None:
+        self.lru.discard(s)
+        self._freed.append((s.tail_device, s.tail_device_tokens))
+        self.device_tokens -= s.tail_device_tokens
+        s.tail_device, s.tail_device_state = None, R.ABSENT
+
+    def _drop_node_device(self, n: BlockNode) -> None:
+        self.lru.discard(n)
+        self._freed.append((n.device, BLOCK_TOKENS))
+        self.device_tokens -= BLOCK_TOKENS
+        n.device, n.device_state = None, R.ABSENT
+        self._node_changed(n)
+
+    def drop_node_host(self, n: BlockNode) -> None:
+        """Free a node's host copy; with no device copy left the subtree goes too (§9.4)."""
+        assert self.host is not None
+        self.host.release([n.host_slab])
+        n.host_slab, n.host_state = -1, R.ABSENT
+        if n.device_state is R.ABSENT:
+            self.delete_subtree(n)
+        else:
+            self._node_changed(n)
+            if (owner := val.sole_retained_below(n)) is not None:
+                self.valuer.revalue(owner)  # its exclusive path lost host bytes
+        self.epoch += 1
+
+    def delete_subtree(self, node: BlockNode) -> None:
+        """Losing the last copy (§9.4): the node, everything below it and their snapshots go."""
+        self.stats.subtree_deletions += 1
+        for x in list(self.tree.subtree_postorder(node)):
+            assert x.active_refs == 0 and x.restore_pins == 0, f"deleting pinned {x}"
+            for s in list(x.snapshots or ()):
+                self.delete_snapshot(s)
+            if x.device_state is not R.ABSENT:
+                self.lru.discard(x)
+                self._freed.append((x.device, BLOCK_TOKENS))
+                self.device_tokens -= BLOCK_TOKENS
+                x.device, x.device_state = None, R.ABSENT
+            if x.host_state is not R.ABSENT:
+                assert self.host is not None
+                self.host.release([x.host_slab])
+                x.host_slab, x.host_state = -1, R.ABSENT
+            self.dead.pop(x, None)
+            self.tree.remove_leaf(x)
+        self.epoch += 1
+
+    # ================================================================ device pressure (§9.1)
+    def evict_device(self, tokens: int) -> int:
+        """Free at least ``tokens`` device tokens from the LRU if it can; returns tokens freed."""
+        start = self.device_tokens
+        while start - self.device_tokens < tokens:
+            victim = self.lru.peek_victim()
+            if victim is None:
+                break
+            if isinstance(victim, BlockNode):
+                if victim.host_state is R.RESIDENT:
+                    self.stats.device_evicted_backed += 1
+                    self._drop_node_device(victim)
+                else:
+                    self.stats.device_evicted_unbacked += 1
+                    self.delete_subtree(victim)
+            else:
+                assert isinstance(victim, Snapshot)
+                if victim.tail_host_state is R.RESIDENT:
+                    self.stats.device_evicted_backed += 1
+                    self._drop_tail_device(victim)
+                else:
+                    self.stats.device_evicted_unbacked += 1
+                    self.delete_snapshot(victim)
+            self.epoch += 1
+        return start - self.device_tokens
+
+    # ================================================================ transfers
+    def plan_writes(self, lane: Lane) -> list[tuple[BlockNode, int]]:
+        """Host slabs for the lane's device-only blocks (write-through at release, §7.6).
+
+        Marks them Filling on the host; the caller copies, then calls :meth:`complete_writes`.
+        Blocks that find no room stay device-only (unbacked).
+        """
+        if self.host is None or not lane.enabled:
+            return []
+        from .host_eviction import make_room
+
+        todo = [n for n in lane.path if n.host_state is R.ABSENT and n.device_state is R.RESIDENT]
+        out: list[tuple[BlockNode, int]] = []
+        for node in todo:
+            if not make_room(self, 1):
+                break
+            slab = self.host.alloc(1)[0]  # type: ignore[index]
+            node.host_slab, node.host_state = slab, R.FILLING
+            out.append((node, slab))
+        return out
+
+    def complete_writes(self, written: list[tuple[BlockNode, int]]) -> None:
+        done = {id(n) for n, _ in written}
+        owners: dict[int, Snapshot] = {}
+        for node, _ in written:
+            node.host_state = R.RESIDENT
+            self._node_changed(node)
+        for node, _ in written:
+            p = node.parent
+            if node.retained_below == 1 and (
+                p is None or id(p) not in done or p.retained_below != 1
+            ):
+                o = val.sole_retained_below(node)
+                if o is not None:
+                    owners[o.id] = o
+        for o in owners.values():
+            self.valuer.revalue(o)
+        self.epoch += 1
+
+    def plan_image_write(self, s: Snapshot) -> tuple[tuple[int, ...], int] | None:
+        """Host slabs for ``s``'s image (and tail): refused when GDSF would have to evict something
+        worth more (§9.3); then ``s`` stays device-only. Returns (image slabs, tail slab or -1)."""
+        if self.host is None or s.host_state is not R.ABSENT:
+            return None
+        from .host_eviction import make_room
+
+        want_tail = bool(s.tail) and s.tail_host_state is R.ABSENT
+        k = self.host.image_slabs + (1 if want_tail else 0)
+        self.pin_snapshot(s)  # the victim search must not pick the snapshot being written
+        ok = make_room(self, k, bound=s.h)
+        self.unpin_snapshot(s)
+        if not ok:
+            self.stats.image_writes_refused += 1
+            return None
+        slabs = self.host.alloc(k)
+        assert slabs is not None
+        tail_slab = slabs.pop() if want_tail else -1
+        s.host_slabs, s.host_state = tuple(slabs), R.FILLING
+        if want_tail:
+            s.tail_host_slab, s.tail_host_state = tail_slab, R.FILLING
+        self.pin_snapshot(s)
+        return s.host_slabs, tail_slab
+
+    def complete_image_write(self, s: Snapshot) -> None:
+        s.host_state = R.RESIDENT
+        if s.tail_host_state is R.FILLING:
+            s.tail_host_state = R.RESIDENT
+        self.unpin_snapshot(s)
+        self.epoch += 1
+
+    # Restores (host -> device) mark destinations Filling until they land (§6.5).
+    def begin_node_fill(self, node: BlockNode, device: object) -> None:
+        assert node.device_state is R.ABSENT and node.host_state is R.RESIDENT, node
+        node.device, node.device_state = device, R.FILLING
+        node.restore_pins += 1
+        self.device_tokens += BLOCK_TOKENS
+        self._node_changed(node)
+
+    def finish_node_fill(self, node: BlockNode) -> None:
+        node.device_state = R.RESIDENT
+        node.restore_pins -= 1
+        self._node_changed(node)
+        self.epoch += 1
+
+    def begin_tail_fill(self, s: Snapshot, device: object, tokens: int) -> None:
+        assert s.tail_device_state is R.ABSENT and s.tail_host_state is R.RESIDENT, s
+        s.tail_device, s.tail_device_state, s.tail_device_tokens = device, R.FILLING, tokens
+        self.device_tokens += tokens
+        self.pin_snapshot(s)
+
+    def finish_tail_fill(self, s: Snapshot) -> None:
+        s.tail_device_state = R.RESIDENT
+        self.unpin_snapshot(s)
+        self.epoch += 1
+
+    # ================================================================ checks
+    def check_integrity(self) -> None:
+        from .invariants import check_integrity
+
+        check_integrity(self)

@@ -1,0 +1,95 @@
+"""Snapshots: a saved recurrent state at frontier F, anchored on the tree (spec §5.3, §9.3).
+
+The state after tokens [0, F) is the image (SGLang: one MambaPool slot, conv + recurrent state of
+every linear-attention layer). When F is not a multiple of 64 the snapshot also owns the KV of the
+partial block as its *tail*: tail tokens are part of its identity, and there is at most one
+snapshot per (anchor, tail tokens).
+
+A snapshot exists only while it is valid: every path node, the tail and the image each keep at
+least one copy (device or host). Validity is kept eagerly by the index, never checked lazily.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from .node import BlockNode, Residency
+
+
+class SnapshotKind(enum.IntEnum):
+    TAP = 0  # planned in prefill (§7.1); lineage-private
+    ENDPOINT = 1  # the live state at finish / cancel (§7.7)
+    BOUNDARY = 2  # explicit or structural boundary, or a branch point: may be shared (§9.3)
+
+
+@dataclass(slots=True, eq=False)
+class Snapshot:
+    id: int
+    anchor: BlockNode  # last full block below the frontier (the root when F < 64)
+    frontier: int
+    tail: bytes  # exact packed tokens [64*(anchor.depth+1), F)
+    kind: SnapshotKind
+    # Image copies. The device slot indexes the cache's D snapshot slots.
+    device_slot: int = -1
+    device_state: Residency = Residency.ABSENT
+    host_slabs: tuple[int, ...] = ()
+    host_state: Residency = Residency.ABSENT
+    # Tail KV copies (only when tail is non-empty); tail_tokens is its device footprint in slots.
+    tail_device: object | None = None
+    tail_device_state: Residency = Residency.ABSENT
+    tail_device_tokens: int = 0
+    tail_host_slab: int = -1
+    tail_host_state: Residency = Residency.ABSENT
+    restore_pins: int = 0  # copies reading this snapshot (COW into a lane, restore, write)
+    superseded: bool = False
+    superseded_tick: int = 0
+    # GDSF (§9.3): H = l_at + (1 + hits) * cost / size
+    hits: int = 0
+    l_at: float = 0.0
+    cost: float = 0.0
+    size: float = 0.0
+    h: float = 0.0
+    last_hit_tick: int = 0
+    # Nearest snapshot above on the path, and the snapshots that record this one as theirs.
+    ancestor: Snapshot | None = None
+    dependents: list[Snapshot] = field(default_factory=list)
+
+    @property
+    def tail_len(self) -> int:
+        return self.frontier - 64 * (self.anchor.depth + 1)
+
+    @property
+    def has_tail(self) -> bool:
+        return self.frontier % 64 != 0
+
+    @property
+    def image_on_device(self) -> bool:
+        return self.device_state is not Residency.ABSENT
+
+    @property
+    def image_on_host(self) -> bool:
+        return self.host_state is not Residency.ABSENT
+
+    @property
+    def tail_on_device(self) -> bool:
+        return self.tail_device_state is not Residency.ABSENT
+
+    @property
+    def tail_on_host(self) -> bool:
+        return self.tail_host_state is not Residency.ABSENT
+
+    @property
+    def complete_on_device(self) -> bool:
+        return self.image_on_device and (not self.has_tail or self.tail_on_device)
+
+    @property
+    def host_backed(self) -> bool:
+        return self.image_on_host and (not self.has_tail or self.tail_on_host)
+
+    def __repr__(self) -> str:
+        return (
+            f"Snapshot(id={self.id}, F={self.frontier}, kind={self.kind.name}, "
+            f"slot={self.device_slot}, host={self.host_state.name}, "
+            f"superseded={self.superseded}, H={self.h:.3g})"
+        )

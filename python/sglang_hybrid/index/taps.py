@@ -1,0 +1,196 @@
+"""TapPlanner (spec §7.1): where a prefill saves recurrent states for later requests to resume from.
+
+Candidates, in priority order:
+
+1. explicit markers (client breakpoints)                      exact, Boundary
+2. the branch point (beyond the spec, see below)              exact, Boundary
+3. the generation opener of the final assistant turn          exact
+4. structural boundaries (end of tools / leading system)      exact, Boundary
+   protocol-automatic markers plan like structural ones       exact, Tap
+5. the prompt tail, n - 1                                     flexible
+6. the ladder n - G * 2^k, snapped back to a message
+   boundary within the minimum gap                            flexible
+
+Every tap is floored to the 64-token grid, lies in (base, n - 1] and never strictly inside a Vision
+span (a candidate inside one moves to the span start first). Exact taps end a prefill pass at their
+position; flexible taps are realised where a pass ends anyway.
+
+Proximity: semantic boundaries (opener, structural, automatic) closer than 64 tokens form one
+cluster that keeps only its earliest position, and its Boundary-ness if any member had it. A
+snapshot serves every prompt diverging after it, so a non-explicit candidate is dropped when an
+accepted tap, an existing snapshot on the path or the base lies at most 64 tokens before it; ladder
+candidates keep the minimum gap on both sides instead. At most ``max_new_taps`` are kept.
+
+Branch point (Marconi's admission rule): when a request's exact KV match reaches at least 64 tokens
+past the snapshot it resumes from, two requests provably diverge at the deepest matched block
+boundary, so a state there will be shared. Traffic without template hints depends on it.
+
+The plan is a pure function of its inputs: deterministic, no I/O, O(hints + log n).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Sequence
+from typing import NamedTuple
+
+from .keys import BLOCK_TOKENS
+
+
+class HintKind(enum.IntEnum):
+    EXPLICIT = 1  # a client-named breakpoint
+    OPENER = 3  # start of the final assistant generation
+    STRUCTURAL = 4  # end of tools, end of the leading system/developer block
+    AUTOMATIC = 5  # protocol-automatic marker: planned as structural, published as a plain tap
+    MESSAGE = 9  # any message boundary: only snaps ladder taps
+
+
+class TapSource(enum.IntEnum):
+    EXPLICIT = 1
+    BRANCH = 2
+    OPENER = 3
+    STRUCTURAL = 4
+    AUTOMATIC = 5
+    TAIL = 6
+    LADDER = 7
+
+
+class TapHint(NamedTuple):
+    position: int  # a frontier: the state after tokens [0, position)
+    kind: HintKind
+
+
+class Tap(NamedTuple):
+    position: int
+    exact: bool
+    boundary: bool
+    source: TapSource
+
+
+class TapPlanner:
+    def __init__(self, *, max_new_taps: int, ladder_tokens: int, min_gap_tokens: int) -> None:
+        self.max_new_taps = max_new_taps
+        self.ladder_tokens = ladder_tokens
+        self.min_gap_tokens = min_gap_tokens
+
+    def plan(
+        self,
+        n: int,
+        base: int,
+        hints: Iterable[TapHint] = (),
+        *,
+        existing: Sequence[int] = (),
+        vision_spans: Sequence[tuple[int, int]] = (),
+        branch_point: int | None = None,
+        skip_opener: bool = False,
+    ) -> list[Tap]:
+        """Taps for a prompt of ``n`` tokens resuming at ``base``, sorted by position.
+
+        ``existing`` are frontiers of snapshots already on this prompt's path; ``branch_point`` is
+        the end of the exact KV match (a multiple of 64) when it is known.
+        """
+        if self.max_new_taps <= 0 or n - 1 <= base:
+            return []
+
+        def snap(p: int) -> int | None:
+            p = _grid_point(min(p, n - 1), vision_spans)
+            return p if base < p else None
+
+        hints = sorted(hints)
+        cands: list[Tap] = []
+        for h in hints:
+            if h.kind is HintKind.EXPLICIT and (p := snap(h.position)) is not None:
+                cands.append(Tap(p, True, True, TapSource.EXPLICIT))
+        if branch_point is not None and (p := snap(branch_point)) is not None:
+            cands.append(Tap(p, True, True, TapSource.BRANCH))
+        for tap in self._semantic_clusters(hints, skip_opener):
+            if (p := snap(tap.position)) is not None:
+                cands.append(tap._replace(position=p))
+        if (p := snap(n - 1)) is not None:
+            cands.append(Tap(p, False, False, TapSource.TAIL))
+        messages = [h.position for h in hints if h.kind is not HintKind.EXPLICIT]
+        k = 0
+        while (raw := n - self.ladder_tokens * (1 << k)) > base:
+            if (p := snap(_snap_back(raw, messages, self.min_gap_tokens))) is not None:
+                cands.append(Tap(p, False, False, TapSource.LADDER))
+            k += 1
+
+        cands.sort(key=acceptance_order)
+        taken: set[int] = set(existing)
+        accepted: list[Tap] = []
+        anchors = sorted({base, *existing})  # positions a candidate may be redundant against
+        for tap in cands:
+            if len(accepted) >= self.max_new_taps:
+                break
+            p = tap.position
+            if p in taken:
+                continue
+            if tap.source is TapSource.LADDER:
+                if any(abs(p - q) < self.min_gap_tokens for q in anchors):
+                    continue
+            elif tap.source is not TapSource.EXPLICIT and any(
+                0 <= p - q <= BLOCK_TOKENS for q in anchors
+            ):
+                continue
+            accepted.append(tap)
+            taken.add(p)
+            anchors.append(p)
+        accepted.sort()
+        return accepted
+
+    @staticmethod
+    def _semantic_clusters(hints: Sequence[TapHint], skip_opener: bool) -> list[Tap]:
+        """Opener / structural / automatic hints, single-linkage clustered at < 64 tokens."""
+        sem = [
+            h
+            for h in hints
+            if h.kind in (HintKind.STRUCTURAL, HintKind.AUTOMATIC)
+            or (h.kind is HintKind.OPENER and not skip_opener)
+        ]
+        out: list[Tap] = []
+        i = 0
+        while i < len(sem):
+            j = i + 1
+            while j < len(sem) and sem[j].position - sem[j - 1].position < BLOCK_TOKENS:
+                j += 1
+            members = sem[i:j]
+            best = min(h.kind for h in members)
+            boundary = any(h.kind is HintKind.STRUCTURAL for h in members)
+            out.append(Tap(members[0].position, True, boundary, _SOURCE_OF[best]))
+            i = j
+        return out
+
+
+def acceptance_order(tap: Tap) -> tuple[int, int]:
+    """Sources are numbered in priority order; within one, deeper states serve more prompts."""
+    return int(tap.source), -tap.position
+
+
+_SOURCE_OF = {
+    HintKind.OPENER: TapSource.OPENER,
+    HintKind.STRUCTURAL: TapSource.STRUCTURAL,
+    HintKind.AUTOMATIC: TapSource.AUTOMATIC,
+}
+
+
+def _grid_point(p: int, spans: Sequence[tuple[int, int]]) -> int:
+    """Floor ``p`` to the grid; inside a Vision span, retry from the span start (p only falls)."""
+    while True:
+        p -= p % BLOCK_TOKENS
+        for begin, end in spans:
+            if begin < p < end:
+                p = begin
+                break
+        else:
+            return p
+
+
+def _snap_back(p: int, boundaries: Sequence[int], gap: int) -> int:
+    """The latest boundary in [p - gap, p], else ``p`` (``boundaries`` sorted)."""
+    best = p
+    for q in boundaries:
+        if q > p:
+            break
+        if q >= p - gap:
+            best = q
+    return best

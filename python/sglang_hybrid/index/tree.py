@@ -1,0 +1,123 @@
+"""The block tree: one radix tree of 64-token blocks, exact identity, path counters (spec §5.1-5.2).
+
+Children are found by lookup hash and confirmed by an exact compare of the block's tokens and extra
+key; nodes whose hashes collide chain through ``hash_next`` under one dict entry, so a forced
+constant hash degrades to a linear probe, never to a false hit.
+
+The tree keeps two path counters exact as nodes come and go:
+``forks_below`` (nodes with two or more children in the subtree; the Boundary rule of §9.3 asks
+"is the tree below a single chain?") and, through :meth:`add_along_path`, the snapshot counts
+``live_snapshots_below`` and ``retained_below`` that :class:`~.prefix_index.PrefixIndex` maintains.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from .keys import ROOT_HASH
+from .node import BlockNode
+
+
+class BlockTree:
+    def __init__(self) -> None:
+        self._next_id = 1
+        self.root = BlockNode(
+            id=0, parent=None, depth=-1, lookup_hash=ROOT_HASH, extra=0, tokens=b""
+        )
+        self.n_nodes = 0
+
+    # ---------------------------------------------------------------- lookup
+    @staticmethod
+    def find_child(parent: BlockNode, h: int, tokens: bytes, extra: int) -> BlockNode | None:
+        children = parent.children
+        if not children:
+            return None
+        c = children.get(h)
+        while c is not None:
+            if c.tokens == tokens and c.extra == extra:
+                return c
+            c = c.hash_next
+        return None
+
+    # ---------------------------------------------------------------- structure
+    def add_child(self, parent: BlockNode, h: int, tokens: bytes, extra: int) -> BlockNode:
+        node = BlockNode(self._next_id, parent, parent.depth + 1, h, extra, tokens)
+        self._next_id += 1
+        self.n_nodes += 1
+        children = parent.children
+        if children is None:  # the common case: extending a chain
+            parent.children = {h: node}
+            parent.n_children = 1
+            return node
+        node.hash_next = children.get(h)
+        children[h] = node
+        parent.n_children += 1
+        if parent.n_children == 2:
+            self._add_forks(parent, 1)
+        return node
+
+    def remove_leaf(self, node: BlockNode) -> None:
+        """Unlink a childless node. Counters along its path must already be zero for it."""
+        assert node.n_children == 0 and not node.is_root, node
+        parent = node.parent
+        assert parent is not None and parent.children is not None
+        head = parent.children[node.lookup_hash]
+        if head is node:
+            if node.hash_next is None:
+                del parent.children[node.lookup_hash]
+            else:
+                parent.children[node.lookup_hash] = node.hash_next
+        else:
+            while head.hash_next is not node:
+                head = head.hash_next  # type: ignore[assignment]
+            head.hash_next = node.hash_next
+        node.hash_next = None
+        parent.n_children -= 1
+        if parent.n_children == 1:
+            self._add_forks(parent, -1)
+        if not parent.children:
+            parent.children = None
+        node.parent = None
+        self.n_nodes -= 1
+
+    def _add_forks(self, node: BlockNode | None, delta: int) -> None:
+        while node is not None:
+            node.forks_below += delta
+            node = node.parent
+
+    # ---------------------------------------------------------------- paths
+    @staticmethod
+    def path(node: BlockNode) -> list[BlockNode]:
+        """Nodes from block 0 to ``node`` (root excluded)."""
+        out: list[BlockNode] = []
+        while node.parent is not None:
+            out.append(node)
+            node = node.parent
+        out.reverse()
+        return out
+
+    @staticmethod
+    def ancestor_at(node: BlockNode, depth: int) -> BlockNode | None:
+        """The node at ``depth`` on ``node``'s path, or None when ``node`` is shallower."""
+        if depth > node.depth:
+            return None
+        while node.depth > depth:
+            node = node.parent  # type: ignore[assignment]
+        return node
+
+    @staticmethod
+    def is_single_chain(node: BlockNode) -> bool:
+        """No node in ``node``'s subtree (itself included) has two or more children."""
+        return node.forks_below == 0
+
+    def subtree_postorder(self, node: BlockNode) -> Iterator[BlockNode]:
+        """Every node below ``node`` (``node`` last), children before parents."""
+        stack: list[tuple[BlockNode, bool]] = [(node, False)]
+        while stack:
+            n, expanded = stack.pop()
+            if expanded:
+                yield n
+                continue
+            stack.append((n, True))
+            for c in n.iter_children():
+                stack.append((c, False))

@@ -1,0 +1,85 @@
+"""Supersession and device snapshot slots (spec §9.2-9.3, §13.1 Supersession and admission)."""
+
+from __future__ import annotations
+
+from helpers import Device, key, make_index, run
+
+from sglang_hybrid.index import Residency, SnapshotKind
+from sglang_hybrid.index.device_slots import SlotSource
+
+X = list(range(1, 1000))
+
+
+def test_lineage_supersedes_previous_and_a_hit_retains_it() -> None:
+    idx, dev = make_index(host_slabs=200), Device()
+    (e1,) = run(idx, dev, X[:100])
+    assert not e1.superseded
+    out = run(idx, dev, X[:200])  # turn 2 resumes from e1 and publishes its endpoint
+    assert e1.superseded and out[-1].ancestor is e1
+    # A retry of turn 2 with another continuation resumes from e1 again: retained...
+    m = idx.match(key(X[:100] + [5, 5, 5]))
+    assert m.best is e1
+    lane = idx.open_lane(m, m.best)
+    assert not e1.superseded and e1.hits == 2  # turn 2 was the first hit
+    idx.release(lane)
+    idx.check_integrity()
+    # ...until that lineage moves on.
+    run(idx, dev, X[:100] + [5] * 80)
+    assert e1.superseded
+    idx.check_integrity()
+
+
+def test_taps_in_one_prompt_supersede_the_previous_tap_but_not_the_last() -> None:
+    idx, dev = make_index(host_slabs=200, slots=6), Device()
+    t1, t2, end = run(idx, dev, X[:300], taps=[128, 256])
+    assert t1.superseded and not t2.superseded and not end.superseded
+
+
+def test_boundary_superseded_only_while_the_tree_below_is_a_single_chain() -> None:
+    idx, dev = make_index(host_slabs=400, slots=8), Device()
+    (b,) = run(idx, dev, X[:130], taps=[128], endpoint=False, kind=SnapshotKind.BOUNDARY)
+    run(idx, dev, X[:300])  # continues from b on a single chain: b is superseded
+    assert b.superseded
+    run(idx, dev, X[:128] + [7] * 130)  # another conversation diverges below b (hit: retained)
+    assert not b.superseded
+    run(idx, dev, X[:400])  # continues from b again: the tree below b has forked
+    assert not b.superseded
+    idx.check_integrity()
+
+
+def test_slot_order_superseded_then_device_only_then_host_backed() -> None:
+    idx, dev = make_index(host_slabs=0, slots=2), Device()
+    (e1,) = run(idx, dev, X[:100])
+    (e2,) = run(idx, dev, X[:200])  # supersedes e1
+    assert e1.superseded and idx.slots.free == 0
+    choice = idx.slots.choose(new_priority=0.0)
+    assert choice is not None and choice.source is SlotSource.SUPERSEDED and choice.victim is e1
+    (e3,) = run(idx, dev, list(range(5000, 5090)))
+    assert e1.id not in idx.snapshots  # device-only and superseded: deleted with its slot
+    # Both remaining owners are device-only and retained: value decides, only if worth as much.
+    low = min((e2, e3), key=lambda s: s.h)
+    assert idx.slots.choose(new_priority=low.h - 1e-9) is None
+    choice = idx.slots.choose(new_priority=low.h)
+    assert choice is not None and choice.source is SlotSource.DEVICE_ONLY and choice.victim is low
+    idx.check_integrity()
+
+
+def test_host_backed_slot_goes_to_the_least_recently_hit() -> None:
+    idx, dev = make_index(host_slabs=400, slots=2), Device()
+    (a,) = run(idx, dev, X[:100])
+    (b,) = run(idx, dev, list(range(5000, 5100)))
+    assert a.host_state is Residency.RESIDENT and b.host_state is Residency.RESIDENT
+    lane = idx.open_lane(idx.match(key(X[:100] + [1])), a)  # a hit on a
+    idx.release(lane)
+    (c,) = run(idx, dev, list(range(6000, 6100)))
+    assert a.device_slot >= 0 and b.device_slot == -1 and b.id in idx.snapshots
+    assert c.device_slot >= 0
+    idx.check_integrity()
+
+
+def test_no_slot_skips_the_snapshot() -> None:
+    idx, dev = make_index(host_slabs=0, slots=1), Device()
+    (a,) = run(idx, dev, X[:300], endpoint=False, taps=[256])
+    # A new request's tap is worth less than the device-only owner: it is skipped.
+    out = run(idx, dev, list(range(5000, 5070)), taps=[64], endpoint=False)
+    assert out == [] and idx.stats.skipped_no_slot == 1 and a.id in idx.snapshots

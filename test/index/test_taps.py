@@ -1,0 +1,134 @@
+"""TapPlanner properties (spec §7.1, §13.1 TapPlanner) over random prompts and boundaries."""
+
+from __future__ import annotations
+
+import math
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sglang_hybrid.index import HintKind, TapHint, TapPlanner, TapSource
+from sglang_hybrid.index.taps import acceptance_order
+
+KINDS = [
+    HintKind.EXPLICIT,
+    HintKind.OPENER,
+    HintKind.STRUCTURAL,
+    HintKind.AUTOMATIC,
+    HintKind.MESSAGE,
+]
+
+
+@st.composite
+def scenarios(draw):
+    n = draw(st.integers(1, 200_000))
+    base = draw(st.integers(0, max(0, n - 1))) // 64 * 64 if draw(st.booleans()) else 0
+    hints = draw(
+        st.lists(st.builds(TapHint, st.integers(0, n), st.sampled_from(KINDS)), max_size=12)
+    )
+    existing = draw(st.lists(st.integers(1, max(1, n // 64)).map(lambda b: 64 * b), max_size=4))
+    spans = []
+    if draw(st.booleans()) and n > 200:
+        b = draw(st.integers(1, n - 100))
+        spans = [(b, b + draw(st.integers(2, 2000)))]
+    budget = draw(st.integers(0, 10))
+    ladder = draw(st.sampled_from([1024, 4096, 16384]))
+    gap = draw(st.sampled_from([256, 1024, 8192]))
+    branch = draw(st.one_of(st.none(), st.integers(0, n).map(lambda p: p // 64 * 64)))
+    return n, base, hints, existing, spans, budget, ladder, gap, branch
+
+
+def _plan(sc):
+    n, base, hints, existing, spans, budget, ladder, gap, branch = sc
+    planner = TapPlanner(max_new_taps=budget, ladder_tokens=ladder, min_gap_tokens=gap)
+    return planner.plan(n, base, hints, existing=existing, vision_spans=spans, branch_point=branch)
+
+
+@settings(max_examples=400, deadline=None)
+@given(scenarios())
+def test_taps_are_aligned_in_range_outside_spans_and_deduplicated(sc) -> None:
+    n, base, _, existing, spans, budget, _, _, _ = sc
+    taps = _plan(sc)
+    positions = [t.position for t in taps]
+    assert positions == sorted(set(positions))
+    assert len(taps) <= budget
+    for t in taps:
+        assert t.position % 64 == 0 and base < t.position <= n - 1
+        assert not any(b < t.position < e for b, e in spans)
+        assert t.position not in existing
+        assert t.exact == (t.source not in (TapSource.TAIL, TapSource.LADDER))
+
+
+@settings(max_examples=300, deadline=None)
+@given(scenarios())
+def test_plan_is_deterministic(sc) -> None:
+    assert _plan(sc) == _plan(sc)
+
+
+@settings(max_examples=300, deadline=None)
+@given(scenarios())
+def test_ladder_stays_logarithmic_and_respects_the_gap(sc) -> None:
+    n, base, _, existing, _, _, ladder, gap, _ = sc
+    taps = _plan(sc)
+    rungs = [t for t in taps if t.source is TapSource.LADDER]
+    assert len(rungs) <= max(0, math.log2(max(n, 1) / ladder)) + 1
+    others = [base, *existing, *(t.position for t in taps if t.source is not TapSource.LADDER)]
+    for r in rungs:
+        assert all(abs(r.position - q) >= gap for q in others)
+
+
+@settings(max_examples=300, deadline=None)
+@given(scenarios())
+def test_budget_keeps_the_highest_priority_taps(sc) -> None:
+    """Under a budget the plan is the first taps the unlimited plan accepts, in priority order."""
+    n, base, hints, existing, spans, budget, ladder, gap, branch = sc
+    unlimited = TapPlanner(max_new_taps=1000, ladder_tokens=ladder, min_gap_tokens=gap).plan(
+        n, base, hints, existing=existing, vision_spans=spans, branch_point=branch
+    )
+    kept = _plan(sc)
+    assert set(kept) == set(sorted(unlimited, key=acceptance_order)[:budget])
+    explicit = [t for t in unlimited if t.source is TapSource.EXPLICIT]
+    assert all(t in kept for t in sorted(explicit, key=acceptance_order)[:budget])
+
+
+def test_opener_absorbs_the_prompt_tail_in_chat() -> None:
+    p = TapPlanner(max_new_taps=8, ladder_tokens=4096, min_gap_tokens=1024)
+    n = 3000
+    taps = p.plan(n, 0, [TapHint(2990, HintKind.OPENER), TapHint(1500, HintKind.STRUCTURAL)])
+    assert [(t.position, t.source) for t in taps] == [
+        (1472, TapSource.STRUCTURAL),
+        (2944, TapSource.OPENER),
+    ]
+    assert taps[0].boundary and not taps[1].boundary
+
+
+def test_semantic_cluster_keeps_the_earliest_and_its_boundary() -> None:
+    p = TapPlanner(max_new_taps=8, ladder_tokens=1 << 20, min_gap_tokens=1024)
+    taps = p.plan(5000, 0, [TapHint(1000, HintKind.STRUCTURAL), TapHint(1040, HintKind.OPENER)])
+    cluster = [t for t in taps if t.source in (TapSource.OPENER, TapSource.STRUCTURAL)]
+    assert len(cluster) == 1 and cluster[0].position == 960 and cluster[0].boundary
+
+
+def test_endpoint_resume_skips_the_opener() -> None:
+    p = TapPlanner(max_new_taps=8, ladder_tokens=1 << 20, min_gap_tokens=1024)
+    hints = [TapHint(2990, HintKind.OPENER)]
+    assert any(t.source is TapSource.OPENER for t in p.plan(3000, 0, hints))
+    assert not any(t.source is TapSource.OPENER for t in p.plan(3000, 0, hints, skip_opener=True))
+
+
+def test_ladder_snaps_back_to_a_message_boundary() -> None:
+    p = TapPlanner(max_new_taps=8, ladder_tokens=4096, min_gap_tokens=1024)
+    taps = p.plan(20_000, 0, [TapHint(15_500, HintKind.MESSAGE)])
+    rungs = sorted(t.position for t in taps if t.source is TapSource.LADDER)
+    assert 15_488 in rungs  # n - G = 15904 snapped back to the boundary at 15500, floored
+    assert rungs == sorted({15_488, 11_776, 3_584})
+
+
+def test_branch_point_is_an_exact_boundary_tap() -> None:
+    p = TapPlanner(max_new_taps=8, ladder_tokens=1 << 20, min_gap_tokens=1024)
+    taps = p.plan(3000, 0, [], branch_point=960)
+    assert Tap_at(taps, 960).exact and Tap_at(taps, 960).boundary
+
+
+def Tap_at(taps, p):
+    return next(t for t in taps if t.position == p)
