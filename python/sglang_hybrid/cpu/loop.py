@@ -1,0 +1,271 @@
+"""Drive SGLang's real ``Scheduler`` in process, on the CPU, with a CPU worker.
+
+Contract:
+- ``InProcessScheduler(model_path, worker=..., record_logits=False, **server_args_overrides)``
+  installs the CPU worker (``install.install_cpu_worker``), builds ``ServerArgs`` from
+  ``install.cpu_server_args`` plus the overrides (radix cache backend, ``disable_radix_cache``,
+  page size, chunk size, pool sizes, mamba strategy, ...), publishes the runtime context as a
+  scheduler process would, builds the genuine ``Scheduler`` and runs the CPU part of its
+  ``run_event_loop`` prologue. The detokenizer sender is replaced by an ``OutputSink``.
+- ``submit`` hands a ``TokenizedGenerateReqInput`` to the Scheduler's own dispatcher
+  (``process_input_requests``) and then sets ``extra_req_attrs`` on the created ``Req`` (e.g.
+  ``hybrid_state_taps``). ``abort`` sends an ``AbortReq`` the same way.
+- ``step`` is one iteration of ``Scheduler.event_loop_normal`` without the ZMQ receive:
+  ``get_next_batch_to_run`` -> ``run_batch`` -> ``process_batch_result``, or ``on_idle`` when
+  there is nothing to run (skippable with ``idle_check=False``). It returns the batch it ran,
+  or None.
+- ``run_until_idle`` steps until nothing is waiting, running or chunked, then (unless
+  ``idle_check=False``) calls ``on_idle``: SGLang's idle path on the drained scheduler, whose
+  pool-leak and tree invariant checks raise ``ValueError`` on a violation (SGLang's strict
+  default).
+- ``results`` maps each request id to a ``RequestResult`` (prompt tokens, cached tokens, output
+  ids, finish reason). With ``record_logits`` the model worker keeps every request's logits by
+  position (``first_token_logits`` reads the one that sampled the first output token).
+- ``close`` (or leaving a ``with`` block) releases the Scheduler's sockets and SGLang's process
+  groups; SGLang builds those once per process, so a second ``InProcessScheduler`` in the same
+  process needs the first one closed.
+- Only the normal (non-overlap) loop is driven, and only with ``skip_tokenizer_init``.
+"""
+
+from __future__ import annotations
+
+import os
+from array import array
+from typing import Any
+
+import torch
+
+from sglang_hybrid.cpu.install import WorkerKind, cpu_server_args, install_cpu_worker
+from sglang_hybrid.cpu.outputs import OutputSink, RequestResult
+
+
+def _destroy_parallel_runtime() -> None:
+    from sglang.srt.distributed.parallel_state import (
+        destroy_distributed_environment,
+        destroy_model_parallel,
+    )
+
+    destroy_model_parallel()
+    destroy_distributed_environment()
+
+
+class InProcessScheduler:
+    """SGLang's Scheduler with a CPU worker, stepped by the caller (see the module contract)."""
+
+    def __init__(
+        self,
+        model_path: str | os.PathLike[str],
+        *,
+        worker: WorkerKind = "tokens",
+        record_logits: bool = False,
+        **server_args_overrides: Any,
+    ) -> None:
+        from sglang.srt.managers.scheduler import Scheduler
+        from sglang.srt.runtime_context import SpawnRanks, publish
+        from sglang.srt.server_args import PortArgs, ServerArgs
+
+        if record_logits and worker != "model":
+            raise ValueError("record_logits needs worker='model' (the token worker has no logits)")
+        install_cpu_worker(worker)
+        kwargs = cpu_server_args(model_path=str(model_path), **server_args_overrides)
+        if not kwargs["skip_tokenizer_init"]:
+            raise ValueError("the in-process driver reads output ids: keep skip_tokenizer_init")
+        self.server_args = ServerArgs(**kwargs)
+        publish(
+            self.server_args,
+            role="scheduler",
+            ranks=SpawnRanks(world_rank=0, dp_rank=None, gpu_id=0),
+        )
+        self.port_args = PortArgs.init_new(self.server_args)
+        try:
+            self.scheduler = Scheduler(self.server_args, self.port_args)
+        except BaseException:
+            # A half-built Scheduler may already own the process groups; free them so the
+            # caller can build another one.
+            _destroy_parallel_runtime()
+            raise
+        self._closed = False
+        if self.scheduler.enable_overlap:
+            self.close()
+            raise NotImplementedError("the in-process driver runs the normal loop only")
+        self._prepare_loop()
+        self.sink = OutputSink()
+        # Nobody listens on the ZMQ peers: every reply the scheduler sends lands in the sink.
+        channels = self.scheduler.ipc_channels
+        channels.send_to_detokenizer.send_output = self.sink.send_output
+        channels.send_to_tokenizer.send_output = self.sink.send_output
+        if record_logits:
+            self.worker.record_logits = True
+
+    def _prepare_loop(self) -> None:
+        """The CPU branch of ``Scheduler.run_event_loop`` before it dispatches the loop."""
+        from sglang.srt.environ import envs
+        from sglang.srt.utils.common import is_cuda
+
+        s = self.scheduler
+        s.schedule_stream.synchronize = lambda: None
+        s._war_barrier_enabled = is_cuda() or envs.SGLANG_ENABLE_WAR_BARRIER.get()
+        s.metrics_reporter.start_scheduler_time_accounting()
+
+    def close(self) -> None:
+        """Close the Scheduler's sockets and SGLang's process groups, so another can be built.
+
+        SGLang initialises its parallel runtime once per process; a second in-process Scheduler
+        needs the groups of the first one destroyed (``destroy_model_parallel``).
+        """
+        if self._closed:
+            return
+        self._closed = True
+        channels = self.scheduler.ipc_channels
+        for sock in (
+            channels.recv_from_tokenizer,
+            channels.recv_from_rpc,
+            channels.send_to_tokenizer.socket,
+            channels.send_to_detokenizer.socket,
+            channels.send_metrics_from_scheduler,
+        ):
+            close = getattr(sock, "close", None)
+            if close is not None:
+                close(linger=0)
+        _destroy_parallel_runtime()
+
+    def __enter__(self) -> InProcessScheduler:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ accessors
+    @property
+    def tree_cache(self) -> Any:
+        return self.scheduler.tree_cache
+
+    @property
+    def worker(self) -> Any:
+        return self.scheduler.tp_worker
+
+    # ------------------------------------------------------------------ requests
+    def submit(
+        self,
+        rid: str,
+        input_ids: list[int],
+        max_new_tokens: int,
+        temperature: float = 0.0,
+        seed: int | None = None,
+        *,
+        sampling_overrides: dict[str, Any] | None = None,
+        **extra_req_attrs: Any,
+    ) -> Any:
+        """Queue a request through the Scheduler's dispatcher; return the created ``Req``."""
+        from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
+        from sglang.srt.sampling.sampling_params import SamplingParams
+
+        params = SamplingParams(
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            sampling_seed=seed,
+            **(sampling_overrides or {}),
+        )
+        params.normalize(None)
+        params.verify(vocab_size=self.scheduler.model_config.vocab_size)
+        request = TokenizedGenerateReqInput(
+            rid=rid,
+            input_text=None,
+            input_ids=array("q", input_ids),
+            input_embeds=None,
+            mm_inputs=None,
+            token_type_ids=None,
+            sampling_params=params,
+            return_logprob=False,
+            logprob_start_len=-1,
+            top_logprobs_num=0,
+            token_ids_logprob=None,
+            stream=False,
+        )
+        self.scheduler.process_input_requests([request])
+        req = self._waiting_req(rid)
+        for name, value in extra_req_attrs.items():
+            setattr(req, name, value)
+        return req
+
+    def _waiting_req(self, rid: str) -> Any:
+        for req in self.scheduler.waiting_queue:
+            if req.rid == rid:
+                return req
+        reason = self.sink.results.get(rid)
+        raise RuntimeError(f"request {rid!r} was not queued (reported: {reason})")
+
+    def abort(self, rid: str) -> None:
+        from sglang.srt.managers.io_struct import AbortReq
+
+        self.scheduler.process_input_requests([AbortReq(rid=rid)])
+
+    # ------------------------------------------------------------------ loop
+    def step(self, *, idle_check: bool = True) -> Any:
+        """One iteration of ``event_loop_normal`` (minus the receive); the batch run, or None.
+
+        An iteration that runs nothing calls SGLang's ``on_idle`` as the loop does, unless
+        ``idle_check`` is False (for callers holding pool slots SGLang does not know about).
+        """
+        from sglang.srt.environ import envs
+
+        s = self.scheduler
+        plan = s.get_next_batch_to_run(running_batch=s.running_batch, last_batch=s.last_batch)
+        s.running_batch = plan.running_batch
+        batch = plan.batch_to_run
+        s.cur_batch_for_debug = batch
+        if batch:
+            with torch.no_grad():
+                result = s.run_batch(batch)
+            s.process_batch_result(batch, result)
+        else:
+            s._sched_idled = True
+            if idle_check:
+                s.on_idle()
+        s.last_batch = batch
+        if envs.SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY.get():
+            s.invariant_checker.self_check_during_busy()
+        return batch
+
+    def has_work(self) -> bool:
+        s = self.scheduler
+        return bool(s.waiting_queue) or not s.running_batch.is_empty() or s.chunked_req is not None
+
+    def run_until_idle(self, max_steps: int = 100_000, *, idle_check: bool = True) -> int:
+        """Step until no request is waiting, running or chunked; return the batches run.
+
+        With ``idle_check`` (default) SGLang's idle path then runs on the drained scheduler
+        (``on_idle``), so a pool leak or a broken tree raises here.
+        """
+        ran = 0
+        for _ in range(max_steps):
+            batch = self.step(idle_check=idle_check)
+            if batch:
+                ran += 1
+            elif not self.has_work():
+                if idle_check:
+                    self.on_idle()
+                return ran
+        raise RuntimeError(f"the scheduler did not drain within {max_steps} steps")
+
+    def on_idle(self) -> None:
+        """SGLang's idle path on a drained scheduler, including its invariant checks.
+
+        The Scheduler checks only when fully idle, which includes "the previous iteration's
+        batch is gone"; if the last step ran a batch, one empty iteration runs first, as in the
+        event loop.
+        """
+        if self.has_work():
+            raise RuntimeError("on_idle needs a drained scheduler: requests are still queued")
+        if self.scheduler.last_batch is not None:
+            self.step(idle_check=False)
+        self.scheduler.on_idle()
+
+    # ------------------------------------------------------------------ outputs
+    def results(self) -> dict[str, RequestResult]:
+        return self.sink.results
+
+    def first_token_logits(self, rid: str) -> torch.Tensor:
+        """Logits that sampled ``rid``'s first output token (needs ``record_logits``)."""
+        result = self.sink.results[rid]
+        return self.worker.logits_at(rid, result.prompt_tokens)

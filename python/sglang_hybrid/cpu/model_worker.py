@@ -1,0 +1,175 @@
+"""A CPU worker that runs a tiny hybrid model from transformers, with SGLang's pools as its state.
+
+Contract:
+- Construction loads the model directory of ``ServerArgs.model_path`` with transformers
+  (``hf_model.load_hf_model``; SGLang itself loads nothing, ``load_format="dummy"``), in
+  float32. The KV pool follows ServerArgs' dtype, so anything but float32 is refused.
+- SGLang's mamba conv state must be float32 (``SGLANG_MAMBA_CONV_DTYPE``, bf16 by default): the
+  constructor sets the variable when unset and refuses another value, before the Scheduler sizes
+  the pools; after the pools are built their conv, recurrent and KV dtypes are checked and a
+  mismatch raises ``RuntimeError``.
+- Each forward pass, after SGLang's deferred mamba copy-on-write / clear (base class), runs the
+  requests one at a time: rebuild a transformers cache from the pools (``state_io``), run the
+  request's new tokens at their absolute positions, write their K/V to ``out_cache_loc`` and the
+  final conv + recurrent states back into the request's mamba slot, and choose the next token
+  (``sampling``: greedy, or seeded temperature / top-k sampling). With ``record_logits`` set,
+  ``logits[rid][position]`` keeps the float32 logits that chose the token at ``position`` and
+  ``pieces[rid]`` lists the ``(start, end)`` position ranges of every model call made for the
+  request, in order: the decomposition that decides whether two runs can agree bit for bit.
+- State taps (``taps.py``): the pass is split at each requested position ``p`` strictly inside
+  the extend. The tokens up to ``p`` run as one call, every linear layer's conv + recurrent state
+  is copied into the tap's destination slot exactly as it would be stored in the request's own
+  slot, ``p`` is recorded as done, and the pass continues from ``p`` on the same cache.
+  Cost: one more model call per tap (the GEMMs see two shorter row blocks instead of one) and a
+  state copy per linear layer; no recomputation. The tapped state is bitwise equal to the state
+  that a separate run ending at ``p`` stores when that run splits its tokens before ``p`` into
+  the same pieces (same chunks, same earlier taps). The tokens after ``p`` are computed in other
+  pieces than without the tap, so they (and later taps) can differ from an untapped pass by
+  float32 rounding (~1e-6; see ``split_invariant``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from sglang_hybrid.cpu.batch_spans import ReqSpan
+from sglang_hybrid.cpu.hf_model import load_hf_model
+from sglang_hybrid.cpu.install import require_float32_conv_state
+from sglang_hybrid.cpu.sampling import next_token
+from sglang_hybrid.cpu.split_invariant import split_invariant_conv
+from sglang_hybrid.cpu.state_io import PoolView, restore_cache, store_linear_states, store_new_kv
+from sglang_hybrid.cpu.taps import mark_tap_done, taps_inside
+from sglang_hybrid.cpu.worker import CpuTpWorker
+
+
+class ModelWorker(CpuTpWorker):
+    """Stands in for ``TpModelWorker`` and really computes (see the module contract)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        require_float32_conv_state()
+        super().__init__(*args, **kwargs)
+        if self.model_config.dtype != torch.float32:
+            raise ValueError(
+                f"the CPU model worker computes in float32 but the KV pool would be "
+                f"{self.model_config.dtype}: pass dtype='float32' in ServerArgs"
+            )
+        loaded = load_hf_model(self.model_config.model_path)
+        self.hf_model = loaded.model
+        self.hf_config = loaded.config
+        self.layer_types = loaded.layer_types
+        self.conv_kernel = loaded.conv_kernel
+        self.record_logits = False
+        self.logits: dict[str, dict[int, torch.Tensor]] = {}
+        self.pieces: dict[str, list[tuple[int, int]]] = {}
+        self._view: PoolView | None = None
+
+    def alloc_memory_pool(self, memory_pool_config: Any = None, **kwargs: Any) -> None:
+        super().alloc_memory_pool(memory_pool_config, **kwargs)
+        runner = self.model_runner
+        view = PoolView.from_pools(
+            runner.req_to_token_pool, runner.token_to_kv_pool, self.layer_types, self.conv_kernel
+        )
+        full_layer = self.layer_types.index("full_attention")
+        dtypes = {
+            "mamba conv state": view.conv.dtype,
+            "mamba recurrent state": view.temporal.dtype,
+            "KV cache": view.kv_pool.get_key_buffer(full_layer).dtype,
+        }
+        wrong = {name: dtype for name, dtype in dtypes.items() if dtype != torch.float32}
+        if wrong:
+            raise RuntimeError(
+                f"the CPU model worker needs float32 pools, SGLang built {wrong} "
+                "(SGLANG_MAMBA_CONV_DTYPE must be float32 before the pools are built)"
+            )
+        self._view = view
+
+    def logits_at(self, rid: str, position: int) -> torch.Tensor:
+        """Recorded logits that chose ``rid``'s token at ``position`` (needs ``record_logits``)."""
+        try:
+            return self.logits[rid][position]
+        except KeyError:
+            raise KeyError(
+                f"no logits recorded for {rid!r} at {position} (is record_logits set?)"
+            ) from None
+
+    def _next_tokens(self, batch: Any, spans: list[ReqSpan]) -> torch.Tensor:
+        if self._view is None:
+            raise RuntimeError("forward before the Scheduler allocated the pools")
+        req_to_token_pool = self.model_runner.req_to_token_pool
+        input_ids = batch.input_ids.to(torch.int64)
+        out_cache_loc = batch.out_cache_loc.to(torch.int64)
+        total = sum(span.extend_len for span in spans)
+        if input_ids.numel() != total or out_cache_loc.numel() != total:
+            raise RuntimeError(
+                f"batch carries {input_ids.numel()} ids / {out_cache_loc.numel()} slots "
+                f"for {total} new tokens"
+            )
+        req_pool_indices = batch.req_pool_indices.to(torch.int64).tolist()
+        slots = req_to_token_pool.translate_mamba_indices(
+            req_to_token_pool.get_mamba_indices(batch.req_pool_indices)
+        ).tolist()
+        tokens = []
+        with torch.no_grad(), split_invariant_conv(self.hf_model):
+            for span in spans:
+                lo, hi = span.offset, span.offset + span.extend_len
+                logits = self._forward_request(
+                    span,
+                    input_ids[lo:hi],
+                    out_cache_loc[lo:hi],
+                    req_pool_indices[span.index],
+                    int(slots[span.index]),
+                )
+                position = span.prefix_len + span.extend_len
+                if self.record_logits:
+                    self.logits.setdefault(span.req.rid, {})[position] = logits.clone()
+                tokens.append(
+                    next_token(
+                        logits, span.req.sampling_params, position, span.req.rid, self.random_seed
+                    )
+                )
+        return torch.tensor(tokens, dtype=torch.int64)
+
+    def _forward_request(
+        self,
+        span: ReqSpan,
+        input_ids: torch.Tensor,
+        out_cache_loc: torch.Tensor,
+        req_pool_idx: int,
+        slot: int,
+    ) -> torch.Tensor:
+        """Run one request's new tokens; return the float32 logits of its last position."""
+        view = self._view
+        assert view is not None
+        prefix, end = span.prefix_len, span.prefix_len + span.extend_len
+        # The scheduler wrote the new slots into the request's row before the forward; the K/V we
+        # write must land where later passes (and the radix tree) will look for them.
+        if not torch.equal(view.kv_slots(req_pool_idx, prefix, end), out_cache_loc):
+            raise RuntimeError(f"req_to_token row of {span.req.rid!r} disagrees with out_cache_loc")
+        cache = restore_cache(view, self.hf_config, req_pool_idx, prefix, slot)
+        taps = taps_inside(span.req, prefix, span.extend_len)
+        bounds = sorted({tap.position for tap in taps} | {end})
+        start = prefix
+        logits: torch.Tensor | None = None
+        for bound in bounds:
+            out = self.hf_model(
+                input_ids=input_ids[start - prefix : bound - prefix].unsqueeze(0),
+                position_ids=torch.arange(start, bound, dtype=torch.int64).unsqueeze(0),
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
+            if self.record_logits:
+                self.pieces.setdefault(span.req.rid, []).append((start, bound))
+            if bound < end:
+                for tap in taps:
+                    if tap.position == bound:
+                        store_linear_states(view, cache, tap.dst_slot)
+                        mark_tap_done(span.req, bound)
+            logits = out.logits[0, -1].to(torch.float32)
+            start = bound
+        assert logits is not None
+        store_new_kv(view, cache, prefix, out_cache_loc)
+        store_linear_states(view, cache, slot)
+        return logits
