@@ -1,11 +1,25 @@
-"""Shared pytest setup: make the package importable from a source checkout without install."""
+"""Shared pytest setup: the package on the path, offline Hugging Face, tiny models, schedulers.
 
+SGLang builds its process groups once per process, so at most one ``InProcessScheduler`` is alive
+at a time; ``make_scheduler`` closes the previous one before building the next and closes the
+last one at the end of the test.
+"""
+
+from __future__ import annotations
+
+import os
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT / "python") not in sys.path:
     sys.path.insert(0, str(ROOT / "python"))
+# Everything here is generated locally; a download attempt must fail rather than hang.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 def pytest_addoption(parser):
@@ -15,3 +29,41 @@ def pytest_addoption(parser):
         default=20_000,
         help="operations in the seeded random index test (make stress-index runs more)",
     )
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Both tiny architectures, written once into a session temp dir."""
+    from sglang_hybrid.cpu.tiny_model import ARCHS, write_tiny_model
+
+    root = tmp_path_factory.mktemp("tiny_models")
+    return {arch: write_tiny_model(root / arch, arch, seed=0) for arch in ARCHS}
+
+
+@pytest.fixture(scope="session")
+def qwen35_dir(tiny_models: dict[str, Path]) -> Path:
+    return tiny_models["qwen3_5"]
+
+
+@pytest.fixture(scope="session")
+def qwen3_next_dir(tiny_models: dict[str, Path]) -> Path:
+    return tiny_models["qwen3_next"]
+
+
+@pytest.fixture
+def make_scheduler() -> Iterator[Callable[..., Any]]:
+    """``make_scheduler(model_dir, **kwargs)``: a fresh InProcessScheduler (one alive at a time)."""
+    from sglang_hybrid.cpu.loop import InProcessScheduler
+
+    live: list[InProcessScheduler] = []
+
+    def build(model_dir: Path, **kwargs: Any) -> InProcessScheduler:
+        while live:
+            live.pop().close()
+        sched = InProcessScheduler(model_dir, **kwargs)
+        live.append(sched)
+        return sched
+
+    yield build
+    while live:
+        live.pop().close()

@@ -22,14 +22,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python"))
 
-from sglang_hybrid.index import (  # noqa: E402
+from sglang_hybrid.index import (
     CacheConfig,
     CostModel,
     PrefixIndex,
     PromptKey,
     SnapshotKind,
 )
-from sglang_hybrid.index.host_eviction import min_h_victim  # noqa: E402
+from sglang_hybrid.index.host_eviction import min_h_victim
 
 BLOCKS = 3750
 TOKENS = BLOCKS * 64  # 240,000
@@ -177,19 +177,31 @@ def main() -> None:
     print("index benchmark (2-core budgets in brackets); building inputs ...", flush=True)
     res = {}
     res.update(bench_commit_and_match(args.repeat))
-    print(f"  match, 240k-token prompt, 3,750 cached blocks: "
-          f"{res['match_ms_hashes_precomputed']:.2f} ms with hashes precomputed [<= 2 ms], "
-          f"{res['match_ms_including_hashing']:.2f} ms hashing included "
-          f"(hashing alone {res['hashing_ms_3750_blocks']:.2f} ms)", flush=True)
-    print(f"  commit 3,750 blocks + {res['taps']} taps + endpoint: "
-          f"{res['commit_us_per_block']:.2f} us/block [<= 5 us] "
-          f"({res['commit_ms_total']:.1f} ms)", flush=True)
+    print(
+        f"  match, 240k-token prompt, 3,750 cached blocks: "
+        f"{res['match_ms_hashes_precomputed']:.2f} ms with hashes precomputed [<= 2 ms], "
+        f"{res['match_ms_including_hashing']:.2f} ms hashing included "
+        f"(hashing alone {res['hashing_ms_3750_blocks']:.2f} ms)",
+        flush=True,
+    )
+    print(
+        f"  commit 3,750 blocks + {res['taps']} taps + endpoint: "
+        f"{res['commit_us_per_block']:.2f} us/block [<= 5 us] "
+        f"({res['commit_ms_total']:.1f} ms)",
+        flush=True,
+    )
     res.update(bench_eviction(args.repeat))
-    print(f"  host eviction decision among {res['snapshots']} snapshots: "
-          f"{res['eviction_decision_ms']:.3f} ms [<= 1 ms]", flush=True)
+    print(
+        f"  host eviction decision among {res['snapshots']} snapshots: "
+        f"{res['eviction_decision_ms']:.3f} ms [<= 1 ms]",
+        flush=True,
+    )
     res.update(bench_memory())
-    print(f"  index memory: {res['bytes_per_block']:.0f} B per cached block over "
-          f"{res['blocks']:,} blocks [<= 1024 B]", flush=True)
+    print(
+        f"  index memory: {res['bytes_per_block']:.0f} B per cached block over "
+        f"{res['blocks']:,} blocks [<= 1024 B]",
+        flush=True,
+    )
     res["python"] = sys.version.split()[0]
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -109,6 +109,8 @@ def run(
         )
         if s is not None:
             out.append(s)
+        elif tail is not None:
+            dev.live.discard(tail)  # a duplicate leaves the tail with the caller
     if write and index.host is not None:
         w = index.plan_writes(lane)
         index.complete_writes(w)

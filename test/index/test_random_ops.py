@@ -76,7 +76,7 @@ class World:
                 idx.begin_tail_fill(src, self.dev.new(), len(src.tail) // 4)
                 fills.append(src)
         done = src.frontier if src is not None else 0
-        taps = [t.position for t in idx.plan_taps(lane, key, m)] if enabled else []
+        taps = [t.position for t in idx.plan_taps(key, m, src)] if enabled else []
         self.lanes.append(dict(lane=lane, key=key, done=done, n=len(ids), fills=fills, taps=taps))
 
     def advance(self) -> None:
@@ -121,6 +121,8 @@ class World:
                     tail_device=tail,
                     tail_device_tokens=f % 64,
                 )
+                if s is None and tail is not None:
+                    self.dev.live.discard(tail)  # a duplicate leaves the tail with the caller
                 if s is not None and idx.plan_image_write(s) is not None:
                     idx.complete_image_write(s)
         if self.rng.random() < 0.8:

@@ -1,12 +1,15 @@
 """Drive SGLang's real ``Scheduler`` in process, on the CPU, with a CPU worker.
 
 Contract:
-- ``InProcessScheduler(model_path, worker=..., record_logits=False, **server_args_overrides)``
-  installs the CPU worker (``install.install_cpu_worker``), builds ``ServerArgs`` from
-  ``install.cpu_server_args`` plus the overrides (radix cache backend, ``disable_radix_cache``,
-  page size, chunk size, pool sizes, mamba strategy, ...), publishes the runtime context as a
-  scheduler process would, builds the genuine ``Scheduler`` and runs the CPU part of its
-  ``run_event_loop`` prologue. The detokenizer sender is replaced by an ``OutputSink``.
+- ``InProcessScheduler(model_path, worker=..., record_logits=False, worker_class=None,
+  **server_args_overrides)`` installs the CPU worker (``install.install_cpu_worker``; a
+  ``worker_class`` subclass of that kind replaces it, for test instruments), builds
+  ``ServerArgs`` from ``install.cpu_server_args`` plus the overrides (radix cache backend,
+  ``disable_radix_cache``, page size, chunk size, pool sizes, mamba strategy, ...) and
+  ``server_args_attrs`` (underscore attributes a plugin's CLI hook would set), publishes the
+  runtime context as a scheduler process would, builds the genuine ``Scheduler`` and runs the
+  CPU part of its ``run_event_loop`` prologue. The detokenizer sender is replaced by an
+  ``OutputSink``.
 - ``submit`` hands a ``TokenizedGenerateReqInput`` to the Scheduler's own dispatcher
   (``process_input_requests``) and then sets ``extra_req_attrs`` on the created ``Req`` (e.g.
   ``hybrid_state_taps``). ``abort`` sends an ``AbortReq`` the same way.
@@ -58,6 +61,8 @@ class InProcessScheduler:
         *,
         worker: WorkerKind = "tokens",
         record_logits: bool = False,
+        worker_class: type | None = None,
+        server_args_attrs: dict[str, Any] | None = None,
         **server_args_overrides: Any,
     ) -> None:
         from sglang.srt.managers.scheduler import Scheduler
@@ -67,10 +72,17 @@ class InProcessScheduler:
         if record_logits and worker != "model":
             raise ValueError("record_logits needs worker='model' (the token worker has no logits)")
         install_cpu_worker(worker)
+        if worker_class is not None:  # a subclass of the chosen kind, e.g. a test instrument
+            from sglang_hybrid.cpu.worker import CpuTpWorker
+
+            CpuTpWorker.select(worker_class)
         kwargs = cpu_server_args(model_path=str(model_path), **server_args_overrides)
         if not kwargs["skip_tokenizer_init"]:
             raise ValueError("the in-process driver reads output ids: keep skip_tokenizer_init")
         self.server_args = ServerArgs(**kwargs)
+        # Plugins keep their options as underscore attributes (what their CLI hooks would set).
+        for name, value in (server_args_attrs or {}).items():
+            setattr(self.server_args, name, value)
         publish(
             self.server_args,
             role="scheduler",

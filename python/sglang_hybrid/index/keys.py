@@ -60,7 +60,7 @@ class PromptKey:
     each chunk) pays for hashing once; :meth:`extend` keeps them when tokens are appended.
     """
 
-    __slots__ = ("_extra_at", "_hash_fn", "data", "hashes", "n", "vision_spans")
+    __slots__ = ("_extra_at", "_hash_fn", "data", "hashes", "n", "namespace", "vision_spans")
 
     def __init__(
         self,
@@ -69,6 +69,7 @@ class PromptKey:
         extras: Mapping[int, int] | None = None,
         vision_spans: Sequence[tuple[int, int]] = (),
         hash_fn: HashFn = xxh3_chain,
+        namespace: int = 0,
     ) -> None:
         if len(data) % TOKEN_BYTES:
             raise ValueError(f"token bytes must be a multiple of {TOKEN_BYTES}, got {len(data)}")
@@ -77,6 +78,9 @@ class PromptKey:
         self._extra_at = dict(extras) if extras else None
         self.vision_spans = tuple(sorted(vision_spans))  # half-open [begin, end) token spans
         self._hash_fn = hash_fn
+        # A namespace (SGLang's extra_key / cache_salt, e.g. a LoRA adapter) joins every block's
+        # extra key, so prompts in different namespaces never share a block.
+        self.namespace = namespace
         self.hashes: list[int] = []
 
     @classmethod
@@ -85,14 +89,15 @@ class PromptKey:
 
     @property
     def has_extras(self) -> bool:
-        return bool(self._extra_at)
+        return bool(self._extra_at) or bool(self.namespace)
 
     @property
     def full_blocks(self) -> int:
         return self.n // BLOCK_TOKENS
 
     def extra(self, b: int) -> int:
-        return self._extra_at.get(b, 0) if self._extra_at else 0
+        media = self._extra_at.get(b, 0) if self._extra_at else 0
+        return media ^ self.namespace
 
     def block(self, b: int) -> bytes:
         return self.data[b * BLOCK_BYTES : (b + 1) * BLOCK_BYTES]
@@ -113,14 +118,27 @@ class PromptKey:
         if blocks > self.full_blocks:
             raise IndexError(f"block {blocks - 1} is not full (prompt has {self.n} tokens)")
         h = hashes[-1] if hashes else ROOT_HASH
-        fn, data, extra_at = self._hash_fn, self.data, self._extra_at
+        fn, data = self._hash_fn, self.data
+        extra = self.extra if self.has_extras else None
         for i in range(len(hashes), blocks):
             blk = data[i * BLOCK_BYTES : (i + 1) * BLOCK_BYTES]
-            if extra_at and (x := extra_at.get(i, 0)):
+            if extra is not None and (x := extra(i)):
                 blk += x.to_bytes(8, "little")
             h = fn(blk, h)
             hashes.append(h)
         return hashes
+
+    def prefix(self, n: int) -> PromptKey:
+        """The key of the first ``n`` tokens, keeping the hashes of its full blocks."""
+        out = PromptKey(
+            self.data[: n * TOKEN_BYTES],
+            extras=self._extra_at,
+            vision_spans=self.vision_spans,
+            hash_fn=self._hash_fn,
+            namespace=self.namespace,
+        )
+        out.hashes = self.hashes[: n // BLOCK_TOKENS]
+        return out
 
     def extend(self, more: bytes) -> PromptKey:
         """A key for ``self + more`` that keeps the hashes already computed."""
@@ -129,6 +147,7 @@ class PromptKey:
             extras=self._extra_at,
             vision_spans=self.vision_spans,
             hash_fn=self._hash_fn,
+            namespace=self.namespace,
         )
         out.hashes = self.hashes[:]  # full blocks of self stay full blocks of out
         return out

@@ -17,7 +17,6 @@ from .node import BlockNode, Residency
 from .snapshot import Snapshot
 from .tree import BlockTree
 
-
 HASH_BATCH = 512  # hashes computed ahead of the walk; a miss wastes at most this many
 
 

@@ -8,6 +8,7 @@ keep them consistent and :func:`~.invariants.check_integrity` proves it after an
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -68,7 +69,7 @@ class BlockNode:
         """Token position after this block."""
         return 64 * (self.depth + 1)
 
-    def iter_children(self):
+    def iter_children(self) -> Iterator[BlockNode]:
         if self.children:
             for head in self.children.values():
                 c: BlockNode | None = head

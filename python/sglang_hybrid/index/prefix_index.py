@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import enum
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from . import valuation as val
@@ -36,7 +36,7 @@ from .lane import Lane
 from .match import Match, match_prompt
 from .node import BlockNode, Residency
 from .snapshot import Snapshot, SnapshotKind
-from .taps import TapPlanner
+from .taps import Tap, TapHint, TapPlanner
 from .tree import BlockTree
 
 R = Residency
@@ -176,7 +176,12 @@ class PrefixIndex:
         out: list[tuple[int, BlockNode, CommitKind]] = []
         parent = path[-1] if path else tree.root
         self.tick += 1
-        tick, new, dup, adopted = self.tick, CommitKind.NEW, CommitKind.DUPLICATE, CommitKind.ADOPTED
+        tick, new, dup, adopted = (
+            self.tick,
+            CommitKind.NEW,
+            CommitKind.DUPLICATE,
+            CommitKind.ADOPTED,
+        )
         for b in range(start, end):
             h, tokens = hashes[b], data[b * bb : (b + 1) * bb]
             x = extra_of(b) if extra_of is not None else 0
@@ -217,12 +222,26 @@ class PrefixIndex:
         del self.lanes[lane.id]
 
     # ================================================================ snapshots
-    def plan_taps(self, lane: Lane, key: PromptKey, m: Match, hints=(), n: int | None = None):
-        """Taps for ``lane``'s prompt (§7.1), deduplicated against snapshots on its path."""
+    def plan_taps(
+        self,
+        key: PromptKey,
+        m: Match,
+        source: Snapshot | None,
+        hints: Iterable[TapHint] = (),
+        n: int | None = None,
+    ) -> list[Tap]:
+        """Taps for a prompt resuming at ``source`` (§7.1), deduplicated against its path.
+
+        The branch point counts only when the exact KV match reaches at least one block past the
+        source: then two requests provably diverge there. A request resuming from an endpoint
+        skips the opener (its client echoes turns token for token).
+        """
         n = key.n if n is None else n
-        base = lane.resumed_from.frontier if lane.resumed_from is not None else 0
+        base = source.frontier if source is not None else 0
         existing = [s.frontier for node in m.path for s in node.snapshots or () if not s.tail]
-        bp = m.branch_point if m.branch_point is not None and m.branch_point >= base + 64 else None
+        bp = m.branch_point
+        if bp is not None and bp < base + BLOCK_TOKENS:
+            bp = None
         return self.planner.plan(
             n,
             base,
@@ -230,7 +249,7 @@ class PrefixIndex:
             existing=existing,
             vision_spans=key.vision_spans,
             branch_point=bp,
-            skip_opener=lane.resumed_from_endpoint,
+            skip_opener=source is not None and source.kind is SnapshotKind.ENDPOINT,
         )
 
     def reserve_slot(self, lane: Lane, frontier: int, kind: SnapshotKind) -> int | None:
@@ -245,8 +264,14 @@ class PrefixIndex:
         if not lane.enabled:
             return None
         lineage = self._lineage(lane, frontier, kind)
-        base = max((t.frontier for t in (lane.resumed_from, lane.last_tap)
-                    if t is not None and t.frontier < frontier), default=0)
+        base = max(
+            (
+                t.frontier
+                for t in (lane.resumed_from, lane.last_tap)
+                if t is not None and t.frontier < frontier
+            ),
+            default=0,
+        )
         estimate = self.valuer.estimate(self.L, base, frontier, frontier % BLOCK_TOKENS != 0)
         choice = self.slots.choose(estimate, superseding=lineage)
         if choice is None:
@@ -291,7 +316,8 @@ class PrefixIndex:
 
         The lane must have committed every full block below the frontier; a partial last block
         needs ``tail_device`` (a cache-owned copy of its KV). A duplicate (same anchor and tail) is
-        a no-op that refreshes recency: the slot and tail handle are handed back (returns None).
+        a no-op that refreshes recency and returns None: the slot goes back to the free slots and
+        the tail handle stays the caller's.
         """
         k = frontier // BLOCK_TOKENS
         if len(lane.path) < k:
@@ -306,12 +332,8 @@ class PrefixIndex:
                 s.last_hit_tick = self.tick
                 self.stats.duplicate_publications += 1
                 self.cancel_slot(slot, lane)
-                if tail_device is not None:
-                    self._freed.append((tail_device, tail_device_tokens))
                 return None
-        s = Snapshot(
-            id=self._next_snapshot, anchor=anchor, frontier=frontier, tail=tail, kind=kind
-        )
+        s = Snapshot(id=self._next_snapshot, anchor=anchor, frontier=frontier, tail=tail, kind=kind)
         self._next_snapshot += 1
         s.device_slot, s.device_state = slot, R.RESIDENT
         self.slots.take(slot, s)
@@ -439,7 +461,9 @@ class PrefixIndex:
             new_ancestor.dependents.append(d)
 
     def _revalue(
-        self, recost: list[Snapshot | None], resize: list[Snapshot | None] = ()  # type: ignore[assignment]
+        self,
+        recost: list[Snapshot | None],
+        resize: list[Snapshot | None] = (),  # type: ignore[assignment]
     ) -> None:
         """Recompute C for ``recost`` and C and Z for ``resize``, once each (None and repeats ok).
 

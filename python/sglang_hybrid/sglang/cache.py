@@ -1,0 +1,514 @@
+"""``HybridRadixCache``: SGLang's ``BasePrefixCache`` contract over the index (the device tier).
+
+The index decides; SGLang's pools hold the bytes. How SGLang's calls map onto the spec:
+
+- ``match_prefix`` walks the tree (§6.1), chooses the source (§6.2) and, for an admission attempt
+  (``cow_mamba``), points SGLang's deferred mamba copy-on-write at the snapshot's slot. The hit is
+  the source's frontier F, which may lie inside a block: then the row's positions
+  [64*floor(F/64), F) are a private copy of the snapshot's tail, made when SGLang first asks for
+  the prefix's slots (``prefix_device_indices``, i.e. once the request is admitted), and
+  ``cache_protected_len`` stays on the block grid so SGLang frees that copy with the request.
+- ``lock`` opens a lane (pins the path and the source, §6.4); ``unlock`` closes it and hands its
+  blocks to the device LRU deepest first (§7.7).
+- ``checkpoint`` commits the blocks a pass completed (§7.6): new blocks become tree nodes owning
+  the request's slots; blocks the tree already holds are deduplicated (the request's slots are
+  freed and the row repointed, as SGLang's own caches do). At chunk ends it publishes taps (a
+  copy of the live state into a snapshot slot, §7.4); at finish the endpoint (§7.7) takes the
+  request's state slot itself (no copy; the snapshot slot it displaced goes back to SGLang) and the
+  partial last block's pages as its tail.
+- Snapshot slots are D extra ``MambaPool`` slots this cache holds from construction; SGLang sees
+  them in ``mamba_protected_size`` so its idle identity holds.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+from sglang.srt.mem_cache.base_prefix_cache import (
+    BasePrefixCache,
+    DecLockRefParams,
+    DecLockRefResult,
+    EvictParams,
+    EvictResult,
+    IncLockRefResult,
+    MatchPrefixParams,
+    MatchResult,
+    TreeLock,
+)
+
+from ..index import (
+    BLOCK_TOKENS,
+    CacheConfig,
+    CommitKind,
+    CostModel,
+    PrefixIndex,
+    Snapshot,
+    SnapshotKind,
+    TapSource,
+)
+from ..store.device import DevicePools, handle_to_slots, handles_to_slots, slots_to_handle
+from .flags import HybridOptions
+from .hints import tap_hints
+from .request import ATTR, MatchHandle, ReqState, key_for, namespace_of
+
+logger = logging.getLogger(__name__)
+
+
+def _ceil(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+class HybridRadixCache(BasePrefixCache):
+    def __init__(
+        self,
+        params: Any,
+        *,
+        config: CacheConfig,
+        options: HybridOptions,
+        cost: CostModel | None = None,
+    ) -> None:
+        self.req_to_token_pool = params.req_to_token_pool
+        self.token_to_kv_pool_allocator = params.token_to_kv_pool_allocator
+        self.page_size = params.page_size
+        self.disable = bool(params.disable)
+        self.config = config
+        self.options = options
+        self.mamba_allocator = self.req_to_token_pool.mamba_allocator
+        kv_pool = self.token_to_kv_pool_allocator.get_kvcache()
+        self.device = kv_pool.device
+        self.pools = DevicePools(kv_pool, self.req_to_token_pool.mamba_pool, self.device)
+        self.image_bytes = self.pools.state_bytes()
+        self.block_bytes = self.pools.block_kv_bytes(BLOCK_TOKENS)
+        self.slab_bytes = _ceil(self.block_bytes, 4096)
+        self.cost = cost or CostModel()
+        self.root_node = MatchHandle(None, None, 0)
+        self._slot_ids: list[int] = []  # index snapshot slot -> MambaPool slot id
+        self.index = self._new_index()
+        self._reserve_slots()
+        if getattr(params, "enable_metrics", False):
+            self.init_metrics_collector()
+
+    def _new_index(self) -> PrefixIndex:
+        return PrefixIndex(
+            self.config, image_bytes=self.image_bytes, slab_bytes=self.slab_bytes, cost=self.cost
+        )
+
+    # ================================================================ snapshot slots
+    def _reserve_slots(self) -> None:
+        """Take the D snapshot slots from SGLang's allocator (again after a flush)."""
+        if self.disable or self._slot_ids:
+            return
+        n = self.config.device_snapshot_slots
+        got = self.mamba_allocator.alloc(n)
+        if got is None:
+            raise RuntimeError(
+                f"--radix-cache hybrid could not reserve {n} snapshot slots: only "
+                f"{self.mamba_allocator.available_size()} MambaPool slots are free; raise "
+                f"--max-mamba-cache-size or lower --hybrid-device-snapshot-slots"
+            )
+        self._slot_ids = [int(x) for x in got.tolist()]
+
+    def slot_id(self, slot: int) -> int:
+        return self._slot_ids[slot]
+
+    # ================================================================ SGLang contract: sizes
+    def supports_mamba(self) -> bool:
+        return True
+
+    def supports_prefix_sharing(self) -> bool:
+        return not self.disable
+
+    def evictable_size(self) -> int:
+        return self.index.evictable_tokens
+
+    def full_evictable_size(self) -> int:
+        return self.index.evictable_tokens
+
+    def protected_size(self) -> int:
+        return self.index.protected_tokens
+
+    def full_protected_size(self) -> int:
+        return self.index.protected_tokens
+
+    def mamba_evictable_size(self) -> int:
+        return 0  # snapshot slots are held for good; eviction reuses them, never returns them
+
+    def mamba_protected_size(self) -> int:
+        return len(self._slot_ids)
+
+    def total_size(self) -> tuple[int, int]:
+        return self.index.device_tokens, len(self._slot_ids)
+
+    # ================================================================ reset
+    def reset(self) -> None:
+        """Drop everything. SGLang clears its pools right after (flush), freeing our slots too."""
+        self.index = self._new_index()
+        self._slot_ids = []
+
+    # ================================================================ match
+    def match_prefix(self, params: MatchPrefixParams) -> MatchResult:
+        key, req = params.key, params.req
+        if self.disable:
+            return self._empty_result()
+        self._reserve_slots()
+        n = len(key)
+        state = getattr(req, ATTR, None) if req is not None else None
+        tokens = key.raw_token_ids()
+        if req is not None and state is None:
+            n_prompt = len(req.origin_input_ids)
+            state = ReqState(
+                key=key_for(None, tokens, n, namespace_of(key)),
+                n_prompt=n_prompt,
+                enabled=not req.skip_radix_cache_insert,
+            )
+            setattr(req, ATTR, state)
+        pkey = key_for(state, tokens, n, namespace_of(key))
+        m = self.index.match(pkey)
+        source = m.best_device  # the device tier: host-only sources arrive with the host tier
+        f = source.frontier if source is not None else 0
+        handle = MatchHandle(m, source, f, state)
+        if params.cow_mamba and req is not None:
+            self.index.touch(m)
+            self._prepare_state_slot(req, source)
+            if state is not None:
+                self._plan(req, state, pkey, m, source)
+        kv = m.kv_tokens
+        return MatchResult(
+            device_prefix_len=f,
+            last_device_node=handle,
+            last_host_node=handle,
+            best_match_node=handle,
+            cache_protected_len=BLOCK_TOKENS * (f // BLOCK_TOKENS),
+            full_kv_hit_length=kv,
+            full_device_match_len=kv,
+        )
+
+    def _empty_result(self) -> MatchResult:
+        return MatchResult(
+            device_prefix_len=0,
+            last_device_node=self.root_node,
+            last_host_node=self.root_node,
+            best_match_node=self.root_node,
+            cache_protected_len=0,
+        )
+
+    def _prepare_state_slot(self, req: Any, source: Snapshot | None) -> None:
+        """SGLang's deferred copy-on-write: the lane's slot gets the snapshot's state."""
+        kv = req.kv
+        if source is None:
+            if kv.holds_mamba:
+                kv.mamba_cow_src_index = None
+                kv.mamba_needs_clear = True
+            return
+        if not kv.holds_mamba:
+            dst = self.mamba_allocator.alloc(1)
+            if dst is None:
+                raise RuntimeError(
+                    "no MambaPool slot free for an admitted request: raise --max-mamba-cache-size"
+                )
+            kv.mamba_pool_idx = dst[0]
+        kv.mamba_cow_src_index = torch.tensor(
+            [self.slot_id(source.device_slot)], dtype=torch.int64, device=self.device
+        )
+        kv.mamba_needs_clear = False
+
+    def _plan(self, req: Any, state: ReqState, key: Any, m: Any, source: Snapshot | None) -> None:
+        n = state.n_prompt
+        if not state.enabled or n < 2:
+            state.cuts, state.flexible = [], []
+            return
+        taps = self.index.plan_taps(
+            key.prefix(n) if key.n > n else key, m, source, tap_hints(req, n), n=n
+        )
+        exact_tail = self.options.tail_tap == "exact"
+        state.cuts = [
+            t.position for t in taps if t.exact or (exact_tail and t.source is TapSource.TAIL)
+        ]
+        state.flexible = [t.position for t in taps if t.position not in state.cuts]
+        state.boundary = {t.position for t in taps if t.boundary}
+        state.taken = set()
+
+    # ================================================================ lock
+    def inc_lock_ref(self, node: Any) -> IncLockRefResult:
+        lane = self._open(node)
+        return IncLockRefResult(node_id=lane.id if lane is not None else None)
+
+    def dec_lock_ref(self, node: Any, params: DecLockRefParams | None = None) -> DecLockRefResult:
+        self._close(node)
+        return DecLockRefResult()
+
+    def lock(self, node: Any) -> TreeLock | None:
+        lane = self._open(node)
+        return TreeLock(node, DecLockRefParams(node_id=lane.id if lane is not None else None))
+
+    def unlock(self, lock: TreeLock | None) -> None:
+        if lock is not None:
+            self._close(lock.node)
+
+    def _open(self, handle: MatchHandle) -> Any:
+        """Locks of one handle nest (SGLang pins the match around admission, then the
+        admission locks it): they share one lane, closed by the last unlock."""
+        if self.disable or handle.match is None:
+            return None
+        handle.locks += 1
+        if handle.lane is not None and not handle.lane.closed:
+            return handle.lane
+        source = handle.source
+        if source is not None and source.id not in self.index.snapshots:
+            raise RuntimeError(f"the matched snapshot {source} was evicted before admission")
+        enabled = handle.state.enabled if handle.state is not None else False
+        handle.lane = self.index.open_lane(handle.match, source, enabled=enabled)
+        return handle.lane
+
+    def _close(self, handle: MatchHandle) -> None:
+        if handle.locks > 1:
+            handle.locks -= 1
+            return
+        handle.locks = 0
+        lane = handle.lane
+        if lane is not None and not lane.closed:
+            self.index.release(lane)
+            self._free_dropped()
+        handle.lane = None
+
+    # ================================================================ prefix slots
+    def path_device_indices(self, node: Any) -> torch.Tensor:
+        handle: MatchHandle = node
+        if handle.match is None or handle.blocks == 0:
+            return torch.empty(0, dtype=torch.int64, device=self.device)
+        path = handle.match.path[: handle.blocks]
+        return handles_to_slots((n.device for n in path), self.device)
+
+    def prefix_device_indices(self, req: Any) -> torch.Tensor:
+        handle: MatchHandle = req.last_node
+        base = self.path_device_indices(handle)
+        source = handle.source
+        if source is None or not source.tail:
+            return base[: req.prefix_len]
+        if handle.tail_copy is None:
+            handle.tail_copy = self._copy_tail(source)
+        return torch.cat([base, handle.tail_copy[: source.tail_len]])
+
+    def _copy_tail(self, source: Snapshot) -> torch.Tensor:
+        """A private copy of the source's tail KV, on pages the request will own (§6.4)."""
+        t = source.tail_len
+        need = _ceil(t, self.page_size)
+        alloc = self.token_to_kv_pool_allocator
+        dst = alloc.alloc(need)
+        if dst is None:
+            self.evict(EvictParams(num_tokens=need - alloc.available_size()))
+            dst = alloc.alloc(need)
+            if dst is None:
+                raise RuntimeError(
+                    f"out of KV memory copying a {t}-token snapshot tail; raise "
+                    f"--max-total-tokens or --mem-fraction-static"
+                )
+        src = handle_to_slots(source.tail_device, self.device)  # type: ignore[arg-type]
+        self.pools.copy_kv(dst[:t], src[:t])
+        return dst
+
+    # ================================================================ checkpoint
+    def checkpoint(self, req: Any, *, up_to: int, **kwargs: Any) -> None:
+        self._checkpoint(req, up_to, terminal=req.finished())
+
+    def before_chunked_abort(self, scheduler: Any, req: Any) -> None:
+        """A chunked prefill is being cancelled (§7.7): its last pass ran but was never stashed.
+
+        Commit that pass and publish the endpoint there before SGLang frees the row; SGLang then
+        releases the request without a checkpoint and frees only what we did not take.
+        """
+        pending = getattr(scheduler, "_pending_chunked_abort_req", None)
+        if pending is None or pending is not req or not req.kv.holds_kv:
+            return
+        end = req.extend_end
+        if end is None or end <= req.prefix_len or end != req.kv.kv_committed_len:
+            return
+        self._checkpoint(req, end, terminal=True)
+
+    def _checkpoint(self, req: Any, up_to: int, *, terminal: bool) -> None:
+        finished = terminal
+        if self.disable or req.lock is None or getattr(req, ATTR, None) is None:
+            if finished:
+                self._free_state_slot(req)
+            return
+        handle: MatchHandle = req.lock.node
+        lane = handle.lane
+        state: ReqState = getattr(req, ATTR)
+        if lane is None or lane.closed:
+            if finished:
+                self._free_state_slot(req)
+            return
+        if not state.sources_unpinned:
+            # The first pass has run: SGLang's copy-on-write and our tail copy are done.
+            self.index.unpin_sources(lane)
+            state.sources_unpinned = True
+        row = self.req_to_token_pool.req_to_token[req.kv.req_pool_idx]
+        key = key_for(state, req.full_untruncated_fill_ids, up_to)
+        self._commit(lane, key, row, up_to)
+        protected = BLOCK_TOKENS * len(lane.path)
+        if finished:
+            protected = self._finish(req, lane, key, row, up_to, protected)
+        else:
+            self._publish_taps(req, state, lane, key, up_to)
+        req.kv.cache_protected_len = max(req.kv.cache_protected_len, protected)
+        self._free_dropped()
+
+    def _commit(self, lane: Any, key: Any, row: torch.Tensor, up_to: int) -> None:
+        start = len(lane.path)
+        end = up_to // BLOCK_TOKENS
+        if end <= start:
+            return
+        seg = slots_to_handle(row[BLOCK_TOKENS * start : BLOCK_TOKENS * end])
+        bb = 4 * BLOCK_TOKENS
+
+        def device_of(b: int) -> bytes:
+            return seg[(b - start) * bb : (b - start + 1) * bb]
+
+        dups = [
+            (b, node)
+            for b, node, kind in self.index.commit(lane, key, up_to, device_of)
+            if kind is CommitKind.DUPLICATE
+        ]
+        if dups:
+            # The tree already holds these blocks: free the request's copies, map the tree's.
+            pos = torch.cat([torch.arange(64 * b, 64 * b + 64, device=row.device) for b, _ in dups])
+            self.token_to_kv_pool_allocator.free(row[pos].to(torch.int64))
+            row[pos] = handles_to_slots((n.device for _, n in dups), row.device).to(row.dtype)
+
+    def _publish_taps(self, req: Any, state: ReqState, lane: Any, key: Any, up_to: int) -> None:
+        """A chunk ended at ``up_to``: take the exact tap there or flexible taps it reached."""
+        if up_to % BLOCK_TOKENS or up_to in state.taken:
+            return
+        due = [p for p in (*state.cuts, *state.flexible) if p <= up_to and p not in state.taken]
+        if not due:
+            return
+        state.taken.update(due)
+        kind = SnapshotKind.BOUNDARY if any(p in state.boundary for p in due) else SnapshotKind.TAP
+        self._take_snapshot(req, lane, key, up_to, kind)
+
+    def _take_snapshot(
+        self, req: Any, lane: Any, key: Any, frontier: int, kind: SnapshotKind
+    ) -> Snapshot | None:
+        slot = self.index.reserve_slot(lane, frontier, kind)
+        if slot is None:
+            return None
+        self.pools.copy_state(int(req.kv.mamba_pool_idx), self.slot_id(slot))
+        return self.index.publish(lane, key, frontier, slot, kind)
+
+    def _finish(
+        self, req: Any, lane: Any, key: Any, row: torch.Tensor, up_to: int, protected: int
+    ) -> int:
+        """Terminal settlement (§7.7): the endpoint takes the state slot and the partial page."""
+        f = up_to
+        live = req.kv.kv_committed_len
+        took_slot = False
+        # The live state sits after every committed token; a stop that trims the output leaves
+        # it ahead of the KV the request keeps, and then there is no exact endpoint to publish.
+        if lane.enabled and f == live and f >= BLOCK_TOKENS and f - self._deepest(lane, f) >= 64:
+            slot = self.index.reserve_slot(lane, f, SnapshotKind.ENDPOINT)
+            if slot is not None:
+                base = BLOCK_TOKENS * (f // BLOCK_TOKENS)
+                tail_end = _ceil(f, self.page_size)
+                tail = None
+                if f % BLOCK_TOKENS:
+                    tail = slots_to_handle(self._page_slots(row, base, tail_end))
+                s = self.index.publish(
+                    lane,
+                    key,
+                    f,
+                    slot,
+                    SnapshotKind.ENDPOINT,
+                    tail_device=tail,
+                    tail_device_tokens=tail_end - base,
+                )
+                if s is not None:
+                    # The state slot becomes the snapshot's; the slot it displaced goes back.
+                    old = self._slot_ids[slot]
+                    self._slot_ids[slot] = int(req.kv.mamba_pool_idx)
+                    self.mamba_allocator.free(torch.tensor([old], dtype=torch.int64))
+                    req.kv.mamba_pool_idx = None
+                    took_slot = True
+                    if tail is not None:
+                        protected = tail_end  # the tail's pages are the cache's now
+        if not took_slot:
+            self._free_state_slot(req)
+        return protected
+
+    def _page_slots(self, row: torch.Tensor, begin: int, end: int) -> torch.Tensor:
+        """All slots of the pages holding row positions [begin, end) (page-aligned bounds)."""
+        if self.page_size == 1:
+            return row[begin:end].to(torch.int64)
+        firsts = row[begin : end : self.page_size].to(torch.int64)
+        offs = torch.arange(self.page_size, device=row.device)
+        return (firsts[:, None] + offs[None, :]).reshape(-1)
+
+    @staticmethod
+    def _deepest(lane: Any, f: int) -> int:
+        """Frontier of the deepest snapshot on the lane's path below ``f`` (0: none)."""
+        best = lane.resumed_from.frontier if lane.resumed_from is not None else 0
+        if lane.last_tap is not None:
+            best = max(best, lane.last_tap.frontier)
+        for node in reversed(lane.path):
+            if f - node.end >= BLOCK_TOKENS:  # anything shallower is far enough anyway
+                break
+            for s in node.snapshots or ():
+                if s.frontier < f:
+                    best = max(best, s.frontier)
+        return best
+
+    def _free_state_slot(self, req: Any) -> None:
+        if req.kv.holds_mamba:
+            self.mamba_allocator.free(req.kv.mamba_pool_idx.reshape(1).to(torch.int64))
+            req.kv.mamba_pool_idx = None
+
+    def _free_dropped(self) -> None:
+        """Return the device pages the index dropped to SGLang's allocator, in one call."""
+        dropped = self.index.drain_freed_device()
+        if dropped:
+            slots = handles_to_slots((h for h, _ in dropped), self.device)  # type: ignore[misc]
+            self.token_to_kv_pool_allocator.free(slots)
+
+    # ================================================================ release
+    def on_release(self, req: Any, *, checkpointed: bool) -> None:
+        if not checkpointed:
+            self._free_state_slot(req)
+
+    # ================================================================ eviction
+    def evict(self, params: EvictParams) -> EvictResult:
+        if self.disable or params.num_tokens <= 0:
+            return EvictResult()
+        freed = self.index.evict_device(params.num_tokens)
+        self._free_dropped()
+        return EvictResult(num_tokens_evicted=freed)
+
+    # ================================================================ diagnostics
+    def pretty_print(self) -> None:
+        s = self.index.stats
+        logger.info(
+            "hybrid cache: %d nodes, %d snapshots, %d device tokens (%d evictable), %d/%d "
+            "snapshot slots free; %s",
+            self.index.tree.n_nodes,
+            len(self.index.snapshots),
+            self.index.device_tokens,
+            self.index.evictable_tokens,
+            self.index.slots.free,
+            len(self._slot_ids),
+            s,
+        )
+
+    def all_values_flatten(self) -> torch.Tensor:
+        handles = [
+            n.device
+            for n in self.index.tree.subtree_postorder(self.index.tree.root)
+            if n.device is not None
+        ]
+        handles += [s.tail_device for s in self.index.snapshots.values() if s.tail_device]
+        return handles_to_slots(handles, self.device)
+
+    def all_mamba_values_flatten(self) -> torch.Tensor:
+        return torch.tensor(self._slot_ids, dtype=torch.int64)
+
+    def sanity_check(self) -> None:
+        self.index.check_integrity()

@@ -1,0 +1,139 @@
+"""Command-line flags of the ``hybrid`` backend and where their values live.
+
+SGLang has no argparse hook, so the plugin adds an AFTER hook on ``ServerArgs.add_cli_args`` (the
+flags, listed by ``python -m sglang.launch_server --help``) and on ``ServerArgs.from_cli_args``
+(their values, stored as ``server_args._hybrid_options``, an underscore attribute that survives the
+pickle into the scheduler process). ``--radix-cache`` is a declared alias whose destination is
+SGLang's own ``radix_cache_backend`` field, so it does not depend on argparse abbreviations.
+
+Unset values stay None and resolve from the spec's defaults (§14.2) once the scheduler knows the
+concurrency and chunk size (:func:`resolve`).
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from ..index import CacheConfig, resolve_config
+from ..index.config import FLAG_HOST, FLAG_LADDER, FLAG_MIN_GAP, FLAG_SLOTS, FLAG_TAPS
+
+BACKEND = "hybrid"
+ATTR = "_hybrid_options"
+FLAG_TAIL = "--hybrid-tail-tap"
+
+
+@dataclass(slots=True)
+class HybridOptions:
+    host_cache_mib: int | None = None
+    device_snapshot_slots: int | None = None
+    taps_per_request: int | None = None
+    tap_ladder: int | None = None
+    tap_min_gap: int | None = None
+    tail_tap: Literal["exact", "flexible"] = "exact"
+    extra: dict[str, Any] = field(default_factory=dict)  # set by other layers (e.g. CPU worker)
+
+
+def add_cli_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group(
+        "sglang-hybrid prefix cache",
+        "A prefix cache for hybrid (recurrent + attention) models: 64-token KV blocks, sparse "
+        "state snapshots, one host slab pool. Select it with --radix-cache hybrid.",
+    )
+    g.add_argument(
+        "--radix-cache",
+        dest="radix_cache_backend",
+        default=argparse.SUPPRESS,
+        metavar="NAME",
+        help="Alias of --radix-cache-backend; 'hybrid' selects sglang-hybrid's cache.",
+    )
+    g.add_argument(
+        FLAG_HOST,
+        type=int,
+        default=None,
+        metavar="MIB",
+        help="Host tier budget in MiB: one pinned slab pool shared by KV blocks and state "
+        "snapshots (default 8192; 0 = device only).",
+    )
+    g.add_argument(
+        FLAG_SLOTS,
+        type=int,
+        default=None,
+        metavar="N",
+        help="Device snapshot slots: extra MambaPool slots holding cached states (default: "
+        "max running requests + 1 with a host tier, + 2 without).",
+    )
+    g.add_argument(
+        FLAG_TAPS,
+        type=int,
+        default=None,
+        metavar="N",
+        help="Most new state snapshots (taps) one prefill may take (default 8 with a host "
+        "tier, 2 without).",
+    )
+    g.add_argument(
+        FLAG_LADDER,
+        type=int,
+        default=None,
+        metavar="TOKENS",
+        help="Base G of the tap ladder n - G*2^k that serves edits deep in history "
+        "(default max(4096, 2 * chunk)).",
+    )
+    g.add_argument(
+        FLAG_MIN_GAP,
+        type=int,
+        default=None,
+        metavar="TOKENS",
+        help="Minimum distance between ladder taps and other snapshots (default max(1024, chunk)).",
+    )
+    g.add_argument(
+        FLAG_TAIL,
+        choices=("exact", "flexible"),
+        default="exact",
+        help="Where the prompt-tail tap (floor64(n-1), for retries and repeats) is taken: "
+        "'exact' ends a prefill pass there (SGLang's model runner cannot snapshot inside a "
+        "pass; costs one short pass when no template opener absorbs it), 'flexible' only at a "
+        "chunk boundary that reaches it (default exact).",
+    )
+
+
+def options_from_namespace(args: argparse.Namespace) -> HybridOptions:
+    return HybridOptions(
+        host_cache_mib=args.hybrid_host_cache_mib,
+        device_snapshot_slots=args.hybrid_device_snapshot_slots,
+        taps_per_request=args.hybrid_taps_per_request,
+        tap_ladder=args.hybrid_tap_ladder,
+        tap_min_gap=args.hybrid_tap_min_gap,
+        tail_tap=args.hybrid_tail_tap,
+    )
+
+
+def get_options(server_args: Any) -> HybridOptions:
+    """The options stored on a ServerArgs (defaults when it was built without our CLI)."""
+    opts = getattr(server_args, ATTR, None)
+    if opts is None:
+        return HybridOptions()
+    if isinstance(opts, dict):  # tolerate a plain dict set by a caller
+        return HybridOptions(**opts)
+    return opts
+
+
+def set_options(server_args: Any, **values: Any) -> HybridOptions:
+    """Attach options to a ServerArgs built in code (``Engine``/tests have no CLI)."""
+    opts = get_options(server_args)
+    merged = HybridOptions(**{**asdict(opts), **values})
+    setattr(server_args, ATTR, merged)
+    return merged
+
+
+def resolve(opts: HybridOptions, *, concurrency: int, chunk_tokens: int) -> CacheConfig:
+    return resolve_config(
+        concurrency=concurrency,
+        chunk_tokens=chunk_tokens,
+        host_cache_mib=opts.host_cache_mib,
+        device_snapshot_slots=opts.device_snapshot_slots,
+        max_new_taps=opts.taps_per_request,
+        tap_ladder_tokens=opts.tap_ladder,
+        tap_min_gap_tokens=opts.tap_min_gap,
+    )

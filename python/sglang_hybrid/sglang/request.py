@@ -1,0 +1,92 @@
+"""Per-request records the backend keeps beside SGLang's ``Req``.
+
+``MatchHandle`` is what ``match_prefix`` returns as the node handle (SGLang stores it in
+``req.last_node`` and passes it back to ``lock`` and ``path_device_indices``): the matched path up
+to the chosen source, the source snapshot, and the lane a lock opened. ``ReqState`` hangs on the
+``Req`` as ``req.hybrid`` and keeps what spans a request's life: its prompt key (hashes computed
+once, extended as tokens arrive) and its planned taps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+import xxhash
+
+from ..index import BLOCK_TOKENS, Lane, Match, PromptKey, Snapshot
+
+ATTR = "hybrid"
+
+
+@dataclass(slots=True, eq=False)
+class MatchHandle:
+    match: Match | None  # None: the root handle
+    source: Snapshot | None  # the snapshot the request resumes from (None: the root)
+    prefix_len: int
+    state: ReqState | None = None
+    lane: Lane | None = None  # opened by the first lock(), closed by the last unlock()
+    locks: int = 0
+    tail_copy: torch.Tensor | None = None  # the lane's private copy of the source's tail KV
+    children: dict = field(default_factory=dict)  # SGLang's dfs_weight_order walks .children
+
+    @property
+    def blocks(self) -> int:
+        return self.prefix_len // BLOCK_TOKENS
+
+
+@dataclass(slots=True, eq=False)
+class ReqState:
+    key: PromptKey
+    n_prompt: int
+    enabled: bool
+    cuts: list[int] = field(default_factory=list)  # exact taps: a prefill pass ends here
+    flexible: list[int] = field(default_factory=list)  # taken where a pass ends at or after
+    boundary: set[int] = field(default_factory=set)  # positions published as Boundary
+    taken: set[int] = field(default_factory=set)
+    sources_unpinned: bool = False
+
+    def next_cut(self, after: int) -> int | None:
+        for p in self.cuts:
+            if p > after:
+                return p
+        return None
+
+
+def token_bytes(tokens: Any) -> bytes:
+    """Packed int32 token bytes of an ``array('q')``, list or tensor of token ids."""
+    if isinstance(tokens, torch.Tensor):
+        return tokens.to(torch.int32).numpy().tobytes()
+    arr = (
+        np.frombuffer(tokens, dtype=np.int64)
+        if hasattr(tokens, "typecode")
+        else np.asarray(tokens, dtype=np.int64)
+    )
+    return arr.astype(np.int32).tobytes()
+
+
+def namespace_of(radix_key: Any) -> int:
+    """SGLang's key namespaces (``extra_key``, e.g. a LoRA adapter, and ``cache_salt``)."""
+    extra, salt = getattr(radix_key, "extra_key", None), getattr(radix_key, "cache_salt", None)
+    if not extra and not salt:
+        return 0
+    return xxhash.xxh3_64_intdigest(f"{extra}\0{salt}".encode()) | 1
+
+
+def key_for(state: ReqState | None, tokens: Any, n: int, namespace: int = 0) -> PromptKey:
+    """A key for ``tokens[:n]`` that reuses the request's key and its hashes.
+
+    SGLang's fill ids only grow (prompt, then outputs), so a longer key extends the kept one and
+    a shorter one (a capped match) is its prefix.
+    """
+    if state is None:
+        return PromptKey(token_bytes(tokens[:n]), namespace=namespace)
+    key = state.key
+    if key.n == n:
+        return key
+    if n < key.n:
+        return key.prefix(n)
+    state.key = key.extend(token_bytes(tokens[key.n : n]))
+    return state.key

@@ -1,0 +1,75 @@
+"""Device-side bytes: copies inside SGLang's own pools (spec §7.4, §7.7, §11.3).
+
+The index stores a block's or a tail's device copy as an opaque handle; here that handle is the
+packed int32 KV slot ids (``bytes``), so the index stays free of tensors and a path's slots are one
+``b"".join`` away. This module converts handles to index tensors and moves state and KV between
+slots; it decides nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+import torch
+
+
+def slots_to_handle(slots: torch.Tensor) -> bytes:
+    """KV slot ids (any integer tensor) as the packed int32 handle the index keeps."""
+    return slots.to(device="cpu", dtype=torch.int32).numpy().tobytes()
+
+
+def handle_to_slots(handle: bytes, device: torch.device | str = "cpu") -> torch.Tensor:
+    if not handle:
+        return torch.empty(0, dtype=torch.int64, device=device)
+    out = torch.from_numpy(np.frombuffer(handle, dtype=np.int32).astype(np.int64))
+    return out.to(device) if str(device) != "cpu" else out
+
+
+def handles_to_slots(handles: Iterable[bytes], device: torch.device | str = "cpu") -> torch.Tensor:
+    return handle_to_slots(b"".join(handles), device)
+
+
+class DevicePools:
+    """SGLang's device pools seen as byte stores: the KV pool and the MambaPool."""
+
+    def __init__(self, kv_pool: object, mamba_pool: object, device: torch.device | str) -> None:
+        self.kv_pool = kv_pool
+        self.mamba_pool = mamba_pool
+        self.device = device
+
+    @property
+    def kv_buffers(self) -> list[torch.Tensor]:
+        """Every full-attention layer's K and V buffer, ``[slots, heads, head_dim]`` each."""
+        pool = getattr(self.kv_pool, "full_kv_pool", self.kv_pool)
+        return [*pool.k_buffer, *pool.v_buffer]
+
+    def copy_kv(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        """K and V of every full-attention layer, token slots ``src`` -> ``dst``.
+
+        Plain index copies: SGLang's ``move_kv_cache`` needs a pool built with its copy kernels
+        enabled, which a default server does not do.
+        """
+        if not dst.numel():
+            return
+        dst, src = dst.to(self.device, torch.int64), src.to(self.device, torch.int64)
+        for buf in self.kv_buffers:
+            buf[dst] = buf[src]
+
+    def copy_state(self, src_slot: int, dst_slot: int) -> None:
+        """Conv and recurrent state of every linear layer, MambaPool slot -> slot."""
+        idx = torch.tensor([src_slot], dtype=torch.int64, device=self.device)
+        dst = torch.tensor([dst_slot], dtype=torch.int64, device=self.device)
+        self.mamba_pool.copy_from(idx, dst)
+
+    def state_bytes(self) -> int:
+        """Bytes of one MambaPool slot: the snapshot image size."""
+        cache = self.mamba_pool.mamba_cache
+        per_slot = 0
+        for t in [*cache.conv, cache.temporal]:
+            per_slot += t[:, 0].numel() * t.element_size()
+        return per_slot
+
+    def block_kv_bytes(self, tokens: int = 64) -> int:
+        """Bytes of ``tokens`` tokens of K and V over every full-attention layer."""
+        return sum(buf[0].numel() * buf.element_size() * tokens for buf in self.kv_buffers)

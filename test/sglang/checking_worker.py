@@ -1,0 +1,71 @@
+"""A CPU worker that proves the cache hands every pass the right prefix, without a model.
+
+It stands in for a model whose KV at position i and recurrent state after p tokens are pure
+functions of the tokens: ``kv(i) = h(tokens[:i+1])`` and ``state(p) = h(tokens[:p])`` with a rolling
+hash that float32 holds exactly. Before each pass it checks that the request's state slot holds
+``state(prefix)`` and that every KV slot its row maps for [0, prefix) holds ``kv(i)``; then it
+writes the KV of the new tokens and ``state(prefix + n)``. A cache that resumes from the wrong
+snapshot, forgets the copy-on-write, maps a wrong or recycled page, or mis-copies a tail fails the
+check at the next pass: an exactness oracle for bookkeeping that needs no model.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from sglang_hybrid.cpu.token_worker import TokenWorker
+
+MOD = 8_388_593  # prime below 2**23: every value is exact in float32
+
+
+def prefix_hashes(tokens: list[int], upto: int) -> list[int]:
+    out, h = [], 0
+    for t in tokens[:upto]:
+        h = (h * 31 + int(t) + 1) % MOD
+        out.append(h)
+    return out
+
+
+class CheckingWorker(TokenWorker):
+    checked_tokens = 0
+    checked_states = 0
+
+    def _next_tokens(self, batch: Any, spans: list[Any]) -> torch.Tensor:
+        r = self.model_runner  # pools exist once the scheduler has built them
+        pool = r.token_to_kv_pool
+        self.kv = getattr(pool, "full_kv_pool", pool)
+        self.mamba = r.req_to_token_pool.mamba_pool.mamba_cache
+        self.r2t = r.req_to_token_pool
+        slots = self.r2t.get_mamba_indices(batch.req_pool_indices).tolist()
+        locs = batch.out_cache_loc.to(torch.int64)
+        for span in spans:
+            req, p, n = span.req, span.prefix_len, span.extend_len
+            tokens = list(req.origin_input_ids) + list(req.output_ids)
+            hs = prefix_hashes(tokens, p + n)
+            slot = int(slots[span.index])
+            state = float(self.mamba.temporal[0, slot].reshape(-1)[0])
+            want = float(hs[p - 1]) if p else 0.0
+            assert state == want, (
+                f"{req.rid}: state slot {slot} holds {state}, the state after {p} tokens is {want}"
+            )
+            self.checked_states += 1
+            if p:
+                row = self.r2t.req_to_token[req.kv.req_pool_idx, :p].to(torch.int64)
+                got = self.kv.k_buffer[0][row, 0, 0]
+                exp = torch.tensor(hs[:p], dtype=got.dtype)
+                bad = (got != exp).nonzero()
+                assert bad.numel() == 0, (
+                    f"{req.rid}: KV of positions {bad[:5].flatten().tolist()} (of {p}) is wrong"
+                )
+                self.checked_tokens += p
+            new = torch.tensor(hs[p : p + n], dtype=self.kv.k_buffer[0].dtype)
+            dst = locs[span.offset : span.offset + n]
+            for buf in (*self.kv.k_buffer, *self.kv.v_buffer):
+                buf[dst] = new[:, None, None]
+            end = float(hs[p + n - 1]) if p + n else 0.0
+            self.mamba.temporal[:, slot] = end
+            for conv in self.mamba.conv:
+                conv[:, slot] = 0.0
+        return super()._next_tokens(batch, spans)

@@ -1,0 +1,104 @@
+"""Fixtures for the backend tests: SGLang's real Scheduler with ``--radix-cache hybrid``.
+
+Every scheduler here runs SGLang's own checks: the busy pool identity after every step
+(``SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY``), the idle identity and leak check when it
+drains, and, through ``sanity_check``, the index's full invariant checker at idle
+(``SGLANG_ENABLE_TREE_CACHE_SANITY_CHECK``). The worker is ``CheckingWorker``: every pass proves
+its prefix KV and resumed state are the ones an uncached run would have.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+os.environ["SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY"] = "1"
+os.environ["SGLANG_ENABLE_TREE_CACHE_SANITY_CHECK"] = "1"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _plugin() -> None:
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    from sglang_hybrid.sglang import plugin
+
+    plugin.register()
+    HookRegistry.apply_hooks()
+
+
+class Harness:
+    """One scheduler plus the bookkeeping the scenarios assert on."""
+
+    def __init__(self, sched: Any) -> None:
+        self.s = sched
+        self.n = 0
+
+    @property
+    def cache(self) -> Any:
+        return self.s.tree_cache
+
+    def run(self, ids: list[int], max_new: int = 4, rid: str | None = None, **attrs: Any) -> Any:
+        rid = rid or f"r{self.n}"
+        self.n += 1
+        self.s.submit(rid, ids, max_new, **attrs)
+        self.s.run_until_idle()
+        return self.s.results()[rid]
+
+    def step_all(self) -> None:
+        while self.s.has_work():
+            self.s.step()
+            self.check_mamba()
+        self.s.on_idle()
+
+    def check_mamba(self) -> None:
+        """Mamba pool identity while busy (SGLang checks it only at idle)."""
+        s = self.s.scheduler
+        pool = s.req_to_token_pool
+        reqs = list(s.running_batch.reqs) + list(s.waiting_queue)
+        if s.chunked_req is not None and s.chunked_req not in reqs:
+            reqs.append(s.chunked_req)
+        held = sum(1 for r in reqs if r.kv.holds_mamba)
+        tc = s.tree_cache
+        total = pool.mamba_allocator.available_size() + tc.mamba_protected_size() + held
+        assert total == pool.mamba_pool.size, (total, pool.mamba_pool.size)
+
+
+@pytest.fixture
+def build(make_scheduler: Callable[..., Any], qwen3_next_dir: Path) -> Iterator[Callable[..., Any]]:
+    """``build(backend="hybrid"|"builtin", page=1, chunk=64, **kw)`` -> Harness."""
+    from checking_worker import CheckingWorker
+
+    from sglang_hybrid.sglang.flags import HybridOptions
+
+    def _build(
+        backend: str = "hybrid",
+        *,
+        page: int = 1,
+        chunk: int = 2048,
+        opts: dict | None = None,
+        model: Path | None = None,
+        **kw: Any,
+    ) -> Harness:
+        args: dict[str, Any] = dict(
+            page_size=page,
+            chunked_prefill_size=chunk,
+            max_total_tokens=kw.pop("total", 8192),
+            max_running_requests=kw.pop("running", 4),
+            max_mamba_cache_size=kw.pop("mamba", 24),
+        )
+        if backend == "hybrid":
+            args["radix_cache_backend"] = "hybrid"
+            args["server_args_attrs"] = {
+                "_hybrid_options": HybridOptions(**{"host_cache_mib": 0, **(opts or {})})
+            }
+        args.update(kw)
+        sched = make_scheduler(
+            model or qwen3_next_dir, worker="tokens", worker_class=CheckingWorker, **args
+        )
+        return Harness(sched)
+
+    yield _build

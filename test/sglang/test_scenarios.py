@@ -1,0 +1,141 @@
+"""Scenarios SGLang's built-in cache gets wrong, in SGLang's real Scheduler (spec §13.3 subset).
+
+Each asserts the reuse the spec promises under ``--radix-cache hybrid`` and prints the built-in
+cache's reuse on the same steps (SGLang's no_buffer cache runs at page size 1 only on this
+machine). ``CheckingWorker`` proves every resumed prefix is the one an uncached run computes.
+The chunk size is SGLang's default for smaller GPUs (2048) unless a scenario needs chunking.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from sglang_hybrid.sglang.hints import make_envelope
+
+rng = random.Random(7)
+
+
+def toks(n: int, lo: int = 10, hi: int = 2000) -> list[int]:
+    return [rng.randrange(lo, hi) for _ in range(n)]
+
+
+def floor64(x: int) -> int:
+    return x - x % 64
+
+
+def compare(build, steps, page: int) -> list[int]:
+    """Run ``steps(h)`` under the built-in cache (page 1) and print its reuse."""
+    if page != 1:
+        print("  built-in cache: n/a (SGLang's no_buffer strategy needs page size 1)")
+        return []
+    h = build("builtin", page=1)
+    cached = steps(h)
+    print(f"  built-in cache reuse: {cached}")
+    return cached
+
+
+@pytest.mark.parametrize("page", [1, 64])
+def test_same_prompt_twice(build, page: int) -> None:
+    prompts = [toks(300), toks(320)]  # 320 is a multiple of 64
+
+    def steps(h):
+        return [h.run(p).cached_tokens for p in prompts for _ in range(2)]
+
+    h = build(page=page)
+    got = steps(h)
+    print(f"\nsame prompt twice, page {page}: hybrid reuse {got}")
+    # The prompt-tail tap: a repeat resumes at floor64(n - 1) (one token is always prefilled).
+    assert got == [0, floor64(299), 0, floor64(319)]
+    compare(build, steps, page)
+
+
+@pytest.mark.parametrize("page", [1, 64])
+def test_sessions_sharing_a_preamble_that_diverge_inside_a_block(build, page: int) -> None:
+    preamble = toks(1000)  # diverges at 1000, inside block 15 (960..1024)
+    users = [preamble + toks(150) for _ in range(4)]
+
+    def steps(h):
+        return [h.run(u).cached_tokens for u in users]
+
+    h = build(page=page)
+    got = steps(h)
+    print(f"\nshared preamble, page {page}: hybrid reuse {got}")
+    # The second request proves the divergence at block 15 and taps there (the branch point);
+    # every later one resumes from it.
+    assert got == [0, 0, 960, 960]
+    assert h.cache.index.stats.taps_published >= 3
+    compare(build, steps, page)
+
+
+def test_preamble_boundary_hint_serves_the_second_session(build) -> None:
+    preamble = toks(1000)
+    users = [preamble + toks(120) for _ in range(3)]
+    hint = make_envelope([1000], ["structural"])
+    h = build()
+    got = [h.run(u, kv_hints=hint).cached_tokens for u in users]
+    print(f"\nstructural hint at 1000: hybrid reuse {got}")
+    assert got == [0, 960, 960]
+
+
+@pytest.mark.parametrize("page", [1, 64])
+def test_multi_turn_concurrency_one(build, page: int) -> None:
+    """Turn k+1 extends turn k's prompt and output: it resumes at turn k's endpoint exactly."""
+    h = build(page=page)
+    prompt = toks(200)
+    reuse, ends = [], []
+    for _ in range(4):
+        r = h.run(prompt, max_new=90)
+        reuse.append(r.cached_tokens)
+        out = list(r.output_ids)
+        ends.append(len(prompt) + len(out) - 1)  # the last token has no KV yet
+        prompt = prompt + out + toks(40)
+    print(f"\nmulti-turn, page {page}: reuse {reuse}, endpoints {ends}")
+    assert reuse[0] == 0
+    assert reuse[1:] == ends[:-1]
+    assert h.cache.index.stats.endpoints_published == 4
+
+
+def test_multi_turn_builtin_reuse_printed(build) -> None:
+    h = build("builtin")
+    prompt, reuse = toks(200), []
+    for _ in range(3):
+        r = h.run(prompt, max_new=90)
+        reuse.append(r.cached_tokens)
+        prompt = prompt + list(r.output_ids) + toks(40)
+    print(f"\nmulti-turn, built-in cache reuse {reuse}")
+
+
+@pytest.mark.parametrize("page", [1, 64])
+def test_eviction_under_device_pressure_while_a_request_runs(build, page: int) -> None:
+    h = build(page=page, total=2048, running=2, mamba=16, chunk=256)
+    for _ in range(5):  # fill the device cache with finished conversations
+        h.run(toks(300), max_new=8)
+    cache = h.cache
+    assert cache.evictable_size() > 0
+    before = cache.index.stats.device_evicted_unbacked
+    big = toks(1500)
+    r = h.run(big, max_new=120)  # needs most of the pool while it grows
+    assert r.finish_reason["type"] == "length" and len(r.output_ids) == 120
+    assert cache.index.stats.device_evicted_unbacked > before
+    # What survived is still exact: the last conversation's repeat resumes and is checked.
+    assert h.run(big, max_new=2).cached_tokens == floor64(1499)
+
+
+@pytest.mark.parametrize("page", [1, 64])
+def test_cancel_mid_prefill_publishes_what_it_computed(build, page: int) -> None:
+    h = build(page=page, chunk=64)
+    s = h.s
+    long = toks(900)
+    s.submit("cancel", long, 4)
+    for _ in range(5):  # five 64-token chunks
+        s.step()
+    s.abort("cancel")
+    h.step_all()
+    assert s.results()["cancel"].finish_reason["type"] == "abort"
+    stats = h.cache.index.stats
+    assert stats.endpoints_published == 1  # at the last computed chunk's end
+    r = h.run(long, max_new=2)
+    # The cancelled request committed 5 chunks (320 tokens) and published its endpoint there.
+    assert r.cached_tokens == 320
