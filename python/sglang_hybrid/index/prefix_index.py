@@ -145,10 +145,16 @@ class PrefixIndex:
         return lane
 
     def _ref(self, node: BlockNode, lane: Lane) -> None:
+        """Pin a node for a lane: the hot path of admission, kept to what can change."""
         node.active_refs += 1
         node.last_access = self.tick
         lane.path.append(node)
-        self._node_changed(node)
+        if node.active_refs == 1 and node.restore_pins == 0:
+            # It was free: it leaves the LRU (if resident) and the dead list (if there).
+            if node.device_state is R.RESIDENT:
+                self.lru.remove(node)
+            if node.host_state is R.RESIDENT and node.live_snapshots_below == 0:
+                del self.dead[node]
 
     def unpin_sources(self, lane: Lane) -> None:
         """The lane's copies out of its source snapshot (state, tail) have landed."""
@@ -196,12 +202,10 @@ class PrefixIndex:
                 out.append((b, node, new))
                 parent = node
                 continue
-            if node.device_state is R.ABSENT:
+            kind = adopted if node.device_state is R.ABSENT else dup
+            self._ref(node, lane)  # pinned first: an adopted copy never enters the LRU
+            if kind is adopted:
                 node.device, node.device_state = device_of(b), R.RESIDENT
-                kind = adopted
-            else:
-                kind = dup
-            self._ref(node, lane)
             out.append((b, node, kind))
             parent = node
         self.device_tokens += BLOCK_TOKENS * sum(1 for _, _, k in out if k is not dup)
@@ -214,9 +218,15 @@ class PrefixIndex:
             return
         self.unpin_sources(lane)
         self.tick += 1
+        lru, dead = self.lru, self.dead
         for node in reversed(lane.path):
             node.active_refs -= 1
-            self._node_changed(node)
+            if node.active_refs == 0 and node.restore_pins == 0:
+                backed = node.host_state is R.RESIDENT
+                if node.device_state is R.RESIDENT:
+                    lru.add(node, BLOCK_TOKENS, backed)
+                if backed and node.live_snapshots_below == 0:
+                    dead[node] = None
         lane.path.clear()
         lane.closed = True
         del self.lanes[lane.id]
@@ -238,7 +248,14 @@ class PrefixIndex:
         """
         n = key.n if n is None else n
         base = source.frontier if source is not None else 0
-        existing = [s.frontier for node in m.path for s in node.snapshots or () if not s.tail]
+        # Only snapshots past the base can make a tap redundant.
+        existing = [
+            s.frontier
+            for node in m.path[base // BLOCK_TOKENS :]
+            if node.snapshots
+            for s in node.snapshots
+            if not s.tail
+        ]
         bp = m.branch_point
         if bp is not None and bp < base + BLOCK_TOKENS:
             bp = None
@@ -484,12 +501,18 @@ class PrefixIndex:
     # so an update propagates only while a count crosses zero: publishing below a live snapshot
     # stops at it. Zero still means exactly "no snapshot's path includes this node" (§5.2).
     def _add_live(self, node: BlockNode, delta: int) -> None:
+        dead = self.dead
         while node.parent is not None:
             before = node.live_snapshots_below
             node.live_snapshots_below = before + delta
             if (before == 0) == (before + delta == 0):
                 return
-            self._node_changed(node)
+            # Liveness only decides dead-KV membership: free host copies with no snapshot below.
+            if node.host_state is R.RESIDENT and node.active_refs == 0 and node.restore_pins == 0:
+                if delta > 0:
+                    dead.pop(node, None)
+                else:
+                    dead[node] = None
             node = node.parent
 
     def _add_retained(self, s: Snapshot) -> Snapshot | None:

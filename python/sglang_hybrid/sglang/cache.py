@@ -170,7 +170,9 @@ class HybridRadixCache(BasePrefixCache):
         f = source.frontier if source is not None else 0
         handle = MatchHandle(m, source, f, state)
         if params.cow_mamba and req is not None:
-            self.index.touch(m)
+            # No LRU touch here: admission pins the path (out of the LRU) and release appends
+            # it at the MRU end, which is the hit's recency; a probe that is not admitted is
+            # not a hit.
             self._prepare_state_slot(req, source)
             if state is not None:
                 self._plan(req, state, pkey, m, source)
@@ -373,7 +375,9 @@ class HybridRadixCache(BasePrefixCache):
         ]
         if dups:
             # The tree already holds these blocks: free the request's copies, map the tree's.
-            pos = torch.cat([torch.arange(64 * b, 64 * b + 64, device=row.device) for b, _ in dups])
+            blocks = torch.tensor([b for b, _ in dups], device=row.device)
+            offs = torch.arange(BLOCK_TOKENS, device=row.device)
+            pos = (blocks[:, None] * BLOCK_TOKENS + offs[None, :]).reshape(-1)
             self.token_to_kv_pool_allocator.free(row[pos].to(torch.int64))
             row[pos] = handles_to_slots((n.device for _, n in dups), row.device).to(row.dtype)
 

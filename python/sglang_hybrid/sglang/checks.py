@@ -19,8 +19,12 @@ def _get(view: Any, name: str, default: Any = None) -> Any:
     return getattr(view, name, default)
 
 
-def check_server_args(view: Any) -> None:
-    """Flag combinations the cache cannot serve (``view``: resolved ServerArgs or a view)."""
+def check_server_args(view: Any, *, resolved: bool = True) -> None:
+    """Flag combinations the cache cannot serve.
+
+    ``resolved=False`` checks only explicit flags (raw ServerArgs before SGLang's resolution);
+    values SGLang derives (overlap scheduling) are checked once resolved.
+    """
     page = _get(view, "page_size") or 1
     if BLOCK % page:
         raise ConfigError(
@@ -58,7 +62,7 @@ def check_server_args(view: Any) -> None:
             f"--mamba-radix-cache-strategy {strategy}: --radix-cache hybrid takes its own "
             f"snapshots; use --mamba-radix-cache-strategy no_buffer"
         )
-    if _get(view, "disable_overlap_schedule") is False and _get(view, "enable_overlap", True):
+    if resolved and not _get(view, "disable_overlap_schedule", True):
         # The cache copies a lane's live state at chunk ends, which overlap would race.
         raise ConfigError(
             "overlap scheduling is on: --radix-cache hybrid copies live states at chunk "

@@ -127,7 +127,34 @@ def set_options(server_args: Any, **values: Any) -> HybridOptions:
     return merged
 
 
-def resolve(opts: HybridOptions, *, concurrency: int, chunk_tokens: int) -> CacheConfig:
+def resolve(
+    opts: HybridOptions,
+    *,
+    concurrency: int,
+    chunk_tokens: int,
+    state_slots: int | None = None,
+) -> CacheConfig:
+    """Effective values (§14.2), with one decision beyond the spec for SGLang.
+
+    SGLang sizes its MambaPool with about three slots per running request for its own cache's
+    states. Left to its default, the hybrid cache takes every slot beyond the running requests
+    (and one for an admission in flight) as snapshot slots, at least the spec's C+1 / C+2:
+    those slots exist anyway, and more resident snapshots only add reuse. ``state_slots`` is the
+    MambaPool size when known.
+    """
+    config = _resolve(opts, concurrency=concurrency, chunk_tokens=chunk_tokens)
+    if opts.device_snapshot_slots is None and state_slots is not None:
+        spare = state_slots - concurrency - 1
+        if spare > config.device_snapshot_slots:
+            config = _resolve(
+                HybridOptions(**{**asdict(opts), "device_snapshot_slots": spare}),
+                concurrency=concurrency,
+                chunk_tokens=chunk_tokens,
+            )
+    return config
+
+
+def _resolve(opts: HybridOptions, *, concurrency: int, chunk_tokens: int) -> CacheConfig:
     return resolve_config(
         concurrency=concurrency,
         chunk_tokens=chunk_tokens,

@@ -32,6 +32,7 @@ def register() -> None:
     after, around = HookType.AFTER, HookType.AROUND
     HookRegistry.register(f"{_SA}.add_cli_args", _add_cli_args, after)
     HookRegistry.register(f"{_SA}.from_cli_args", _from_cli_args, after)
+    HookRegistry.register(f"{_SA}.resolve_once", _before_resolve, HookType.BEFORE)
     HookRegistry.register(f"{_SA}.resolve_once", _after_resolve, after)
     HookRegistry.register(
         "sglang.srt.arg_groups.mamba_hook.validate_mamba_no_buffer", _no_buffer_check, around
@@ -72,12 +73,28 @@ def _uses_hybrid(view: Any) -> bool:
     return getattr(view, "radix_cache_backend", None) == BACKEND
 
 
-def _after_resolve(result: Any, server_args: Any, *args: Any, **kwargs: Any) -> None:
-    """Refuse what the backend cannot honour before any process is spawned."""
+def _before_resolve(server_args: Any, *args: Any, **kwargs: Any) -> None:
+    """Explicit flags the backend cannot honour, refused before SGLang's own resolution (whose
+    messages do not know the fix for this backend)."""
     if _uses_hybrid(server_args):
         from .checks import check_server_args
 
-        check_server_args(server_args)
+        check_server_args(server_args, resolved=False)
+
+
+def _after_resolve(result: Any, server_args: Any, *args: Any, **kwargs: Any) -> None:
+    """What resolution decided (e.g. overlap scheduling), before any process is spawned."""
+    if _uses_hybrid(server_args):
+        from .checks import check_server_args
+
+        check_server_args(_resolved(server_args), resolved=True)
+
+
+def _resolved(server_args: Any) -> Any:
+    """What SGLang's resolution decided (raw fields keep what the operator typed)."""
+    from sglang.srt.arg_groups.model_override_base import resolving_view
+
+    return resolving_view(server_args)
 
 
 def _no_buffer_check(orig: Any, view: Any, *args: Any, **kwargs: Any) -> Any:
@@ -109,26 +126,28 @@ def build_cache(ctx: Any) -> Any:
     from .flags import get_options, resolve
 
     sa = ctx.server_args
-    check_server_args(sa)
+    check_server_args(_resolved(sa), resolved=True)
     opts = get_options(sa)
     params = ctx.params
     pool = params.req_to_token_pool
     concurrency = int(pool.size)
     chunk = params.chunked_prefill_size or 0
-    config = resolve(opts, concurrency=concurrency, chunk_tokens=chunk if chunk > 0 else 8192)
-    if config.has_host:
+    mamba_pool = getattr(pool, "mamba_pool", None)
+    state_slots = int(mamba_pool.size) if mamba_pool is not None else None
+    if (opts.host_cache_mib or 0) != 0 or opts.host_cache_mib is None:
         # The host tier (store/) is not wired yet: serve device-only and say so once.
         logger.warning(
-            "--hybrid-host-cache-mib %d: the host tier is not available in this build; "
+            "--hybrid-host-cache-mib %s: the host tier is not available in this build; "
             "running the hybrid cache device-only",
-            config.host_cache_bytes >> 20,
+            opts.host_cache_mib if opts.host_cache_mib is not None else "8192 (default)",
         )
-        config = resolve(
-            type(opts)(**{**_asdict(opts), "host_cache_mib": 0}),
-            concurrency=concurrency,
-            chunk_tokens=chunk if chunk > 0 else 8192,
-        )
-    mamba_pool = getattr(pool, "mamba_pool", None)
+        opts = type(opts)(**{**_asdict(opts), "host_cache_mib": 0})
+    config = resolve(
+        opts,
+        concurrency=concurrency,
+        chunk_tokens=chunk if chunk > 0 else 8192,
+        state_slots=state_slots,
+    )
     arch = ",".join(getattr(ctx.model_config.hf_config, "architectures", None) or ["the model"])
     if not params.disable:
         check_pools(

@@ -55,15 +55,18 @@ class ReqState:
         return None
 
 
-def token_bytes(tokens: Any) -> bytes:
-    """Packed int32 token bytes of an ``array('q')``, list or tensor of token ids."""
+def token_bytes(tokens: Any, begin: int = 0, end: int | None = None) -> bytes:
+    """Packed int32 bytes of ``tokens[begin:end]`` (an ``array('q')``, list or tensor).
+
+    SGLang keeps token ids in ``array('q')``: read them in place (no slice copy) and narrow.
+    """
     if isinstance(tokens, torch.Tensor):
-        return tokens.to(torch.int32).numpy().tobytes()
-    arr = (
-        np.frombuffer(tokens, dtype=np.int64)
-        if hasattr(tokens, "typecode")
-        else np.asarray(tokens, dtype=np.int64)
-    )
+        return tokens[begin:end].to(torch.int32).numpy().tobytes()
+    if getattr(tokens, "typecode", None) == "q":
+        end = len(tokens) if end is None else end
+        arr = np.frombuffer(tokens, dtype=np.int64, count=end - begin, offset=8 * begin)
+    else:
+        arr = np.asarray(tokens[begin:end], dtype=np.int64)
     return arr.astype(np.int32).tobytes()
 
 
@@ -82,11 +85,11 @@ def key_for(state: ReqState | None, tokens: Any, n: int, namespace: int = 0) -> 
     a shorter one (a capped match) is its prefix.
     """
     if state is None:
-        return PromptKey(token_bytes(tokens[:n]), namespace=namespace)
+        return PromptKey(token_bytes(tokens, 0, n), namespace=namespace)
     key = state.key
     if key.n == n:
         return key
     if n < key.n:
         return key.prefix(n)
-    state.key = key.extend(token_bytes(tokens[key.n : n]))
+    state.key = key.extend(token_bytes(tokens, key.n, n))
     return state.key

@@ -27,7 +27,7 @@ def handle_to_slots(handle: bytes, device: torch.device | str = "cpu") -> torch.
 
 
 def handles_to_slots(handles: Iterable[bytes], device: torch.device | str = "cpu") -> torch.Tensor:
-    return handle_to_slots(b"".join(handles), device)
+    return handle_to_slots(b"".join(list(handles)), device)
 
 
 class DevicePools:
@@ -54,13 +54,26 @@ class DevicePools:
             return
         dst, src = dst.to(self.device, torch.int64), src.to(self.device, torch.int64)
         for buf in self.kv_buffers:
-            buf[dst] = buf[src]
+            buf.index_copy_(0, dst, buf.index_select(0, src))
 
     def copy_state(self, src_slot: int, dst_slot: int) -> None:
-        """Conv and recurrent state of every linear layer, MambaPool slot -> slot."""
-        idx = torch.tensor([src_slot], dtype=torch.int64, device=self.device)
-        dst = torch.tensor([dst_slot], dtype=torch.int64, device=self.device)
-        self.mamba_pool.copy_from(idx, dst)
+        """Conv and recurrent state of every linear layer, MambaPool slot -> slot.
+
+        A plain pair of slot copies per state tensor (one device copy of the image, spec §11.3).
+        Pools with extra per-slot state (ReplaySSM rings, sibling pools) go through SGLang's own
+        ``copy_from``, which knows them; on the CPU that path costs ~15 ms per call.
+        """
+        pool = self.mamba_pool
+        if getattr(pool, "replayssm_write_pos", None) is not None or getattr(
+            pool, "_slot_siblings", None
+        ):
+            idx = torch.tensor([src_slot], dtype=torch.int64, device=self.device)
+            dst = torch.tensor([dst_slot], dtype=torch.int64, device=self.device)
+            pool.copy_from(idx, dst)
+            return
+        cache = pool.mamba_cache
+        for t in (*cache.conv, cache.temporal):
+            t[:, dst_slot] = t[:, src_slot]
 
     def state_bytes(self) -> int:
         """Bytes of one MambaPool slot: the snapshot image size."""
