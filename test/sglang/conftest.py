@@ -58,10 +58,11 @@ class Harness:
         """Mamba pool identity while busy (SGLang checks it only at idle)."""
         s = self.s.scheduler
         pool = s.req_to_token_pool
-        reqs = list(s.running_batch.reqs) + list(s.waiting_queue)
-        if s.chunked_req is not None and s.chunked_req not in reqs:
-            reqs.append(s.chunked_req)
-        held = sum(1 for r in reqs if r.kv.holds_mamba)
+        reqs = {id(r): r for r in [*s.running_batch.reqs, *s.waiting_queue]}
+        for r in [s.chunked_req, *(s.last_batch.reqs if s.last_batch else ())]:
+            if r is not None:
+                reqs[id(r)] = r  # a prefill batch joins the running batch at the next pass
+        held = sum(1 for r in reqs.values() if r.kv.holds_mamba)
         tc = s.tree_cache
         total = pool.mamba_allocator.available_size() + tc.mamba_protected_size() + held
         assert total == pool.mamba_pool.size, (total, pool.mamba_pool.size)

@@ -33,7 +33,7 @@ from sglang.srt.server_args import ServerArgs
 
 from sglang_hybrid.sglang import chunking
 
-LINEAR, FULL = [0, 1, 2], [3]
+LINEAR, FULL = [0, 1, 2, 4, 5, 6], [3, 7]  # 3 linear : 1 full attention, two of each run
 
 
 @dataclass
@@ -54,7 +54,13 @@ class Pools:
 
 
 def build_pools(
-    page: int = 1, *, kv_tokens: int = 8192, reqs: int = 8, mamba: int = 32, context: int = 16384
+    page: int = 1,
+    *,
+    kv_tokens: int = 8192,
+    reqs: int = 8,
+    mamba: int = 32,
+    context: int = 16384,
+    dtype: torch.dtype = torch.float32,
 ) -> Pools:
     sa = ServerArgs(model_path="dummy", page_size=page)
     sa._mamba_cache_chunk_size = max(64, page)  # no HF config to read it from
@@ -84,7 +90,7 @@ def build_pools(
     )
     kv = HybridLinearKVPool(
         size=kv_tokens,
-        dtype=torch.float32,
+        dtype=dtype,
         page_size=page,
         head_num=2,
         head_dim=16,
@@ -94,11 +100,9 @@ def build_pools(
         mamba_pool=r2t.mamba_pool,
     )
     if page == 1:
-        alloc = TokenToKVPoolAllocator(kv_tokens, torch.float32, "cpu", kv, need_sort=False)
+        alloc = TokenToKVPoolAllocator(kv_tokens, dtype, "cpu", kv, need_sort=False)
     else:
-        alloc = PagedTokenToKVPoolAllocator(
-            kv_tokens, page, torch.float32, "cpu", kv, need_sort=False
-        )
+        alloc = PagedTokenToKVPoolAllocator(kv_tokens, page, dtype, "cpu", kv, need_sort=False)
     return Pools(page, r2t, kv, alloc)
 
 

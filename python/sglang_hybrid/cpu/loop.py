@@ -240,8 +240,16 @@ class InProcessScheduler:
         return batch
 
     def has_work(self) -> bool:
+        """Anything waiting, running, chunked, or a prefill batch that has not yet joined the
+        running batch (that happens at the next ``get_next_batch_to_run``)."""
         s = self.scheduler
-        return bool(s.waiting_queue) or not s.running_batch.is_empty() or s.chunked_req is not None
+        last = s.last_batch
+        return (
+            bool(s.waiting_queue)
+            or not s.running_batch.is_empty()
+            or s.chunked_req is not None
+            or (last is not None and not last.is_empty())
+        )
 
     def run_until_idle(self, max_steps: int = 100_000, *, idle_check: bool = True) -> int:
         """Step until no request is waiting, running or chunked; return the batches run.

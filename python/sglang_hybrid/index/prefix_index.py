@@ -625,11 +625,17 @@ class PrefixIndex:
         self.epoch += 1
 
     # ================================================================ device pressure (§9.1)
-    def evict_device(self, tokens: int) -> int:
-        """Free at least ``tokens`` device tokens from the LRU if it can; returns tokens freed."""
+    def evict_device(self, tokens: int, *, backed_only: bool = False) -> int:
+        """Free at least ``tokens`` device tokens from the LRU if it can; returns tokens freed.
+
+        ``backed_only`` never drops a last copy (a prefetch must not, §6.6).
+        """
         start = self.device_tokens
         while start - self.device_tokens < tokens:
-            victim = self.lru.peek_victim()
+            if backed_only:
+                victim = next(iter(self.lru.backed), None)
+            else:
+                victim = self.lru.peek_victim()
             if victim is None:
                 break
             if isinstance(victim, BlockNode):

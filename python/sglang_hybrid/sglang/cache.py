@@ -48,9 +48,12 @@ from ..index import (
     SnapshotKind,
     TapSource,
 )
+from ..index.admission import Readiness, quote
 from ..store.device import DevicePools, handle_to_slots, handles_to_slots, slots_to_handle
+from ..store.layout import build_layout
 from .flags import HybridOptions
 from .hints import tap_hints
+from .host_tier import HostTier
 from .request import ATTR, MatchHandle, ReqState, key_for, namespace_of
 
 logger = logging.getLogger(__name__)
@@ -79,21 +82,50 @@ class HybridRadixCache(BasePrefixCache):
         kv_pool = self.token_to_kv_pool_allocator.get_kvcache()
         self.device = kv_pool.device
         self.pools = DevicePools(kv_pool, self.req_to_token_pool.mamba_pool, self.device)
-        self.image_bytes = self.pools.state_bytes()
-        self.block_bytes = self.pools.block_kv_bytes(BLOCK_TOKENS)
-        self.slab_bytes = _ceil(self.block_bytes, 4096)
+        cache = self.req_to_token_pool.mamba_pool.mamba_cache
+        self._state_tensors = [*cache.conv, cache.temporal]
+        self.layout = build_layout(self.pools.kv_buffers, self._state_tensors)
+        self.image_bytes = self.layout.image_bytes
+        self.block_bytes = self.layout.block_bytes
+        self.slab_bytes = self.layout.slab_bytes
         self.cost = cost or CostModel()
         self.root_node = MatchHandle(None, None, 0)
         self._slot_ids: list[int] = []  # index snapshot slot -> MambaPool slot id
+        self.host: HostTier | None = None
         self.index = self._new_index()
         self._reserve_slots()
         if getattr(params, "enable_metrics", False):
             self.init_metrics_collector()
 
     def _new_index(self) -> PrefixIndex:
-        return PrefixIndex(
+        index = PrefixIndex(
             self.config, image_bytes=self.image_bytes, slab_bytes=self.slab_bytes, cost=self.cost
         )
+        if self.config.has_host and not self.disable:
+            if self.host is not None:
+                self.host.index = index  # a reset keeps the allocation, drops the contents
+                self.host.memory.pool = index.host  # type: ignore[assignment]
+            else:
+                self.host = HostTier(
+                    index,
+                    self.layout,
+                    self.pools,
+                    self.token_to_kv_pool_allocator,
+                    self._state_tensors,
+                    self._forward_order(),
+                    self.page_size,
+                )
+        return index
+
+    def _forward_order(self) -> list[tuple[str, int]]:
+        """Every layer in model order, as ("kv", full-attention idx) or ("state", linear idx)."""
+        kv_pool = self.pools.kv_pool
+        full = getattr(kv_pool, "full_attention_layer_id_mapping", {})
+        linear = getattr(self.req_to_token_pool, "mamba_map", {})
+        order = sorted(
+            [(g, "kv", i) for g, i in full.items()] + [(g, "state", i) for g, i in linear.items()]
+        )
+        return [(kind, i) for _, kind, i in order]
 
     # ================================================================ snapshot slots
     def _reserve_slots(self) -> None:
@@ -166,7 +198,7 @@ class HybridRadixCache(BasePrefixCache):
             setattr(req, ATTR, state)
         pkey = key_for(state, tokens, n, namespace_of(key))
         m = self.index.match(pkey)
-        source = m.best_device  # the device tier: host-only sources arrive with the host tier
+        source = self._choose(m)
         f = source.frontier if source is not None else 0
         handle = MatchHandle(m, source, f, state)
         if params.cow_mamba and req is not None:
@@ -174,6 +206,8 @@ class HybridRadixCache(BasePrefixCache):
             # it at the MRU end, which is the hit's recency; a probe that is not admitted is
             # not a hit.
             self._prepare_state_slot(req, source)
+            if req.kv.holds_mamba:
+                handle.state_slot = int(req.kv.mamba_pool_idx)
             if state is not None:
                 self._plan(req, state, pkey, m, source)
         kv = m.kv_tokens
@@ -186,6 +220,21 @@ class HybridRadixCache(BasePrefixCache):
             full_kv_hit_length=kv,
             full_device_match_len=kv,
         )
+
+    def _choose(self, m: Any) -> Snapshot | None:
+        """The source (§6.2-6.3): without a host tier the deepest device-resident snapshot;
+        with one, the cheapest of root / s* / s_dev that fits the free and evictable pages."""
+        if self.host is None or m.best is None or m.best is m.best_device:
+            return m.best_device
+        alloc = self.token_to_kv_pool_allocator
+        q = quote(
+            self.index,
+            m,
+            request_tokens=m.n + 1,
+            free_tokens=alloc.available_size(),
+            pool_tokens=alloc.size,
+        )
+        return q.choice.snapshot if q.readiness is Readiness.READY else m.best_device
 
     def _empty_result(self) -> MatchResult:
         return MatchResult(
@@ -211,10 +260,13 @@ class HybridRadixCache(BasePrefixCache):
                     "no MambaPool slot free for an admitted request: raise --max-mamba-cache-size"
                 )
             kv.mamba_pool_idx = dst[0]
-        kv.mamba_cow_src_index = torch.tensor(
-            [self.slot_id(source.device_slot)], dtype=torch.int64, device=self.device
-        )
         kv.mamba_needs_clear = False
+        if source.image_on_device:
+            kv.mamba_cow_src_index = torch.tensor(
+                [self.slot_id(source.device_slot)], dtype=torch.int64, device=self.device
+            )
+        else:  # the image comes back from the host into this slot when the lane opens
+            kv.mamba_cow_src_index = None
 
     def _plan(self, req: Any, state: ReqState, key: Any, m: Any, source: Snapshot | None) -> None:
         n = state.n_prompt
@@ -261,8 +313,19 @@ class HybridRadixCache(BasePrefixCache):
         if source is not None and source.id not in self.index.snapshots:
             raise RuntimeError(f"the matched snapshot {source} was evicted before admission")
         enabled = handle.state.enabled if handle.state is not None else False
-        handle.lane = self.index.open_lane(handle.match, source, enabled=enabled)
-        return handle.lane
+        lane = self.index.open_lane(handle.match, source, enabled=enabled)
+        handle.lane = lane
+        if source is not None and self.host is not None and not self._on_device(lane, source):
+            restored = self.host.restore(lane.path, source, handle.state_slot)
+            self._free_dropped()
+            if handle.state is not None:
+                handle.state.restored_bytes += restored.nbytes
+                handle.state.restored_tokens += restored.tokens
+        return lane
+
+    @staticmethod
+    def _on_device(lane: Any, source: Snapshot) -> bool:
+        return source.complete_on_device and all(n.on_device for n in lane.path)
 
     def _close(self, handle: MatchHandle) -> None:
         if handle.locks > 1:
@@ -271,6 +334,8 @@ class HybridRadixCache(BasePrefixCache):
         handle.locks = 0
         lane = handle.lane
         if lane is not None and not lane.closed:
+            if self.host is not None:
+                self.host.write_lane(lane)  # write-through, one batch, at release (§7.6)
             self.index.release(lane)
             self._free_dropped()
         handle.lane = None
@@ -399,7 +464,10 @@ class HybridRadixCache(BasePrefixCache):
         if slot is None:
             return None
         self.pools.copy_state(int(req.kv.mamba_pool_idx), self.slot_id(slot))
-        return self.index.publish(lane, key, frontier, slot, kind)
+        s = self.index.publish(lane, key, frontier, slot, kind)
+        if s is not None and self.host is not None:
+            self.host.write_snapshot(s, self.slot_id(slot))
+        return s
 
     def _finish(
         self, req: Any, lane: Any, key: Any, row: torch.Tensor, up_to: int, protected: int
@@ -436,6 +504,8 @@ class HybridRadixCache(BasePrefixCache):
                     took_slot = True
                     if tail is not None:
                         protected = tail_end  # the tail's pages are the cache's now
+                    if self.host is not None:
+                        self.host.write_snapshot(s, self._slot_ids[slot])
         if not took_slot:
             self._free_state_slot(req)
         return protected
@@ -473,6 +543,30 @@ class HybridRadixCache(BasePrefixCache):
         if dropped:
             slots = handles_to_slots((h for h, _ in dropped), self.device)  # type: ignore[misc]
             self.token_to_kv_pool_allocator.free(slots)
+
+    # ================================================================ prefetch
+    def prefetch_head(self, req: Any) -> int:
+        """The FIFO head waits (§6.6): copy its source's host-only path blocks to the device.
+
+        It retries only while the last attempt copied blocks or spare room grew, because
+        matching walks the whole prompt path.
+        """
+        if self.disable or self.host is None or req.kv.holds_kv:
+            return 0
+        state = getattr(req, ATTR, None)
+        room = self.token_to_kv_pool_allocator.available_size() + self.index.evictable_tokens
+        last = getattr(state, "prefetch_room", None)
+        if state is not None and last is not None and not state.prefetch_copied and room <= last:
+            return 0
+        tokens = req.origin_input_ids + req.output_ids
+        n = max(0, len(tokens) - 1)
+        key = key_for(state, tokens, n)
+        m = self.index.match(key)
+        copied = self.host.prefetch(m.path, m.best)
+        self._free_dropped()
+        if state is not None:
+            state.prefetch_room, state.prefetch_copied = room, copied
+        return copied
 
     # ================================================================ release
     def on_release(self, req: Any, *, checkpointed: bool) -> None:

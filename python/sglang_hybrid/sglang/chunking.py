@@ -46,10 +46,13 @@ def after_select_admission(result: Any, adder: Any, req: Any, *args: Any, **kwar
         return None
     end = result.prefix_len + result.extend_len
     new_end = _cut(req, result.prefix_len, end, result.is_chunked)
+    chunked = result.is_chunked or new_end is not None
+    if chunked and (kwargs.get("has_chunked_req") or adder.new_chunked_req is not None):
+        # SGLang tracks one chunked request per pass and relies on a cut spending the whole
+        # chunk budget; a clamped chunk leaves budget over, so any second cut waits instead.
+        return AddReqResult.OTHER
     if new_end is None:
         return None
-    if kwargs.get("has_chunked_req") or adder.new_chunked_req is not None:
-        return AddReqResult.OTHER  # one chunked request per pass: this one waits for the next
     return dataclasses.replace(
         result, extend_len=new_end - result.prefix_len, is_chunked=True, max_new_tokens=0
     )

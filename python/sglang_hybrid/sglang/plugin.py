@@ -51,6 +51,17 @@ def register() -> None:
         _before_chunked_abort,
         around,
     )
+    HookRegistry.register(
+        "sglang.srt.managers.scheduler.Scheduler._get_new_batch_prefill_raw",
+        _prefetch_for_blocked_head,
+        around,
+    )
+    HookRegistry.register(
+        "sglang.srt.managers.scheduler_components.output_streamer.SchedulerOutputStreamer"
+        ".get_cached_tokens_details",
+        _cached_tokens_details,
+        after,
+    )
 
 
 # ---------------------------------------------------------------- CLI
@@ -117,6 +128,35 @@ def _before_chunked_abort(orig: Any, scheduler: Any, *args: Any, **kwargs: Any) 
     return orig(scheduler, *args, **kwargs)
 
 
+def _prefetch_for_blocked_head(orig: Any, scheduler: Any, *args: Any, **kwargs: Any) -> Any:
+    """After an admission pass, a head that could not start prefetches its host blocks (§6.6)."""
+    from .cache import HybridRadixCache
+
+    result = orig(scheduler, *args, **kwargs)
+    cache = getattr(scheduler, "tree_cache", None)
+    if isinstance(cache, HybridRadixCache) and cache.host is not None:
+        queue = scheduler.waiting_queue
+        if queue:
+            cache.prefetch_head(queue[0])
+    return result
+
+
+def _cached_tokens_details(result: Any, streamer: Any, req: Any, *args: Any) -> Any:
+    """Report what the host tier restored with the request's cached tokens: SGLang's
+    ``cached_tokens_details`` then splits device and host hits, and carries the bytes."""
+    from .request import ATTR
+
+    state = getattr(req, ATTR, None)
+    if state is None or not state.restored_tokens or not req.cached_tokens:
+        return None
+    host = min(state.restored_tokens, req.cached_tokens)
+    details = dict(result or {})
+    details.update(
+        device=req.cached_tokens - host, host=host, hybrid_restored_bytes=state.restored_bytes
+    )
+    return details
+
+
 # ---------------------------------------------------------------- the factory
 def build_cache(ctx: Any) -> Any:
     """``register_radix_cache_backend`` factory: runs in each scheduler process at startup."""
@@ -134,14 +174,6 @@ def build_cache(ctx: Any) -> Any:
     chunk = params.chunked_prefill_size or 0
     mamba_pool = getattr(pool, "mamba_pool", None)
     state_slots = int(mamba_pool.size) if mamba_pool is not None else None
-    if (opts.host_cache_mib or 0) != 0 or opts.host_cache_mib is None:
-        # The host tier (store/) is not wired yet: serve device-only and say so once.
-        logger.warning(
-            "--hybrid-host-cache-mib %s: the host tier is not available in this build; "
-            "running the hybrid cache device-only",
-            opts.host_cache_mib if opts.host_cache_mib is not None else "8192 (default)",
-        )
-        opts = type(opts)(**{**_asdict(opts), "host_cache_mib": 0})
     config = resolve(
         opts,
         concurrency=concurrency,
@@ -172,9 +204,3 @@ def build_cache(ctx: Any) -> Any:
         cache.image_bytes,
     )
     return cache
-
-
-def _asdict(opts: Any) -> dict:
-    from dataclasses import asdict
-
-    return asdict(opts)

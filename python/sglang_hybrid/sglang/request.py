@@ -30,6 +30,7 @@ class MatchHandle:
     lane: Lane | None = None  # opened by the first lock(), closed by the last unlock()
     locks: int = 0
     tail_copy: torch.Tensor | None = None  # the lane's private copy of the source's tail KV
+    state_slot: int | None = None  # the request's MambaPool slot (a host image lands there)
     children: dict = field(default_factory=dict)  # SGLang's dfs_weight_order walks .children
 
     @property
@@ -47,6 +48,10 @@ class ReqState:
     boundary: set[int] = field(default_factory=set)  # positions published as Boundary
     taken: set[int] = field(default_factory=set)
     sources_unpinned: bool = False
+    restored_tokens: int = 0  # of the reused prefix, tokens that came back from the host tier
+    restored_bytes: int = 0
+    prefetch_room: int | None = None  # spare device room at the last prefetch attempt
+    prefetch_copied: int = 0
 
     def next_cut(self, after: int) -> int | None:
         for p in self.cuts:

@@ -1,0 +1,210 @@
+"""Copies between SGLang's device pools and host slabs (spec §6.4-6.5, §7.6, §11.1-11.2).
+
+Blocks move as bundles: for each KV plane (a full-attention layer's K or V), the 64 rows of a
+block go to that plane's place in the block's slab. A *run* is a sequence of blocks whose token
+slots are consecutive and whose slabs are consecutive in one chunk: it moves as one strided copy
+per plane. SGLang's KV pool is indexed by token slot, and with a page size below 64 a block's 64
+slots need not be consecutive, so copies gather and scatter by slot index and coalesce only where
+slots run consecutively. A state image moves part by part (one linear layer's conv and recurrent
+tensors at a time), split where a part straddles two slabs.
+
+``TransferBatch`` queues copies and runs them in a forward pass's reading order: the prelude
+(tails), then layer by layer. ``wait_layer`` is the per-layer readiness API: with CUDA the batch
+runs on its own stream and records an event per layer (unverified here: no GPU on these
+machines); on the CPU the same API runs the copies synchronously and every wait returns at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import torch
+
+from .host_memory import HostMemory
+from .layout import SlabLayout
+
+BLOCK = 64
+
+
+class BlockCopy(NamedTuple):
+    slots: torch.Tensor  # int64 token slots, one per row (64 for a block, fewer for a tail)
+    slab: int
+
+
+def _u8_rows(buf: torch.Tensor) -> torch.Tensor:
+    """A pool buffer ``[slots, ...]`` as raw bytes ``[slots, row_bytes]`` (a view)."""
+    return buf.view(buf.shape[0], -1).view(torch.uint8)
+
+
+def _runs(items: Sequence[BlockCopy], memory: HostMemory) -> list[tuple[int, int]]:
+    """Split ``items`` (in order) into runs [i, j) of consecutive slots and consecutive slabs."""
+    runs, i, n = [], 0, len(items)
+    spc = memory.pool.slabs_per_chunk
+    while i < n:
+        j = i + 1
+        first = items[i]
+        contiguous = bool(first.slots.numel() == BLOCK and _consecutive(first.slots))
+        while contiguous and j < n:
+            prev, cur = items[j - 1], items[j]
+            if (
+                cur.slots.numel() != BLOCK
+                or cur.slab != prev.slab + 1
+                or cur.slab // spc != first.slab // spc
+                or int(cur.slots[0]) != int(prev.slots[-1]) + 1
+                or not _consecutive(cur.slots)
+            ):
+                break
+            j += 1
+        runs.append((i, j))
+        i = j
+    return runs
+
+
+def _consecutive(slots: torch.Tensor) -> bool:
+    return int(slots[-1]) - int(slots[0]) == slots.numel() - 1 and bool(
+        (slots[1:] - slots[:-1] == 1).all()
+    )
+
+
+class SlabCopier:
+    """Byte copies for one layout, one set of pools and one host memory."""
+
+    def __init__(
+        self,
+        layout: SlabLayout,
+        memory: HostMemory,
+        kv_buffers: list[torch.Tensor],
+        state_tensors: list[torch.Tensor],
+    ) -> None:
+        self.layout = layout
+        self.memory = memory
+        self.kv_rows = [_u8_rows(b) for b in kv_buffers]
+        self.state = state_tensors
+
+    # ---------------------------------------------------------------- KV blocks and tails
+    def blocks(self, items: Sequence[BlockCopy], to_host: bool, layer: int | None = None) -> int:
+        """Copy block bundles (or tails: fewer rows); ``layer`` limits it to one layer's planes."""
+        if not items:
+            return 0
+        moved = 0
+        planes = [p for p in self.layout.planes if layer is None or p.layer == layer]
+        for i, j in _runs(items, self.memory):
+            run = items[i:j]
+            count = j - i
+            rows_per = run[0].slots.numel()
+            contiguous = count > 1 or (rows_per == BLOCK and _consecutive(run[0].slots))
+            for p in planes:
+                length = rows_per * p.row_bytes
+                host = self.memory.run(run[0].slab, count, p.offset, length)
+                rows = self.kv_rows[p.buffer]
+                if contiguous:
+                    s0 = int(run[0].slots[0])
+                    dev = rows[s0 : s0 + count * rows_per].reshape(count, length)
+                    if to_host:
+                        host.copy_(dev, non_blocking=True)
+                    else:
+                        dev.copy_(host, non_blocking=True)
+                else:  # one block or tail with scattered slots: gather / scatter by index
+                    idx = run[0].slots.to(rows.device)
+                    if to_host:
+                        host.copy_(rows.index_select(0, idx).reshape(1, length), non_blocking=True)
+                    else:
+                        rows.index_copy_(
+                            0, idx, host.reshape(rows_per, p.row_bytes).to(rows.device)
+                        )
+                moved += count * length
+        return moved
+
+    # ---------------------------------------------------------------- state images
+    def image(
+        self, slot: int, slabs: Sequence[int], to_host: bool, layer: int | None = None
+    ) -> int:
+        """Copy one MambaPool slot's state to / from its image slabs (``layer``: one layer)."""
+        sb = self.memory.slab_bytes
+        moved = 0
+        for part in self.layout.image_parts:
+            if layer is not None and part.layer != layer:
+                continue
+            dev = self.state[part.tensor][part.layer, slot].reshape(-1).view(torch.uint8)
+            done = 0
+            while done < part.nbytes:
+                o = part.offset + done
+                k, within = divmod(o, sb)
+                n = min(part.nbytes - done, sb - within)
+                host = self.memory.slab(slabs[k])[within : within + n]
+                if to_host:
+                    host.copy_(dev[done : done + n], non_blocking=True)
+                else:
+                    dev[done : done + n].copy_(host, non_blocking=True)
+                done += n
+            moved += part.nbytes
+        return moved
+
+
+class TransferBatch:
+    """Copies queued and run in a forward pass's reading order (see the module docstring)."""
+
+    def __init__(self, copier: SlabCopier, forward_order: Sequence[tuple[str, int]]) -> None:
+        self.copier = copier
+        self.order = forward_order  # ("kv", full-attention idx) / ("state", linear idx)
+        self.blocks: list[BlockCopy] = []
+        self.tails: list[BlockCopy] = []
+        self.images: list[tuple[int, Sequence[int]]] = []
+        self.bytes = 0
+        self._events: dict[int, object] = {}
+        self._stream = None
+
+    def add_blocks(self, items: Sequence[BlockCopy]) -> None:
+        self.blocks.extend(items)
+
+    def add_tail(self, item: BlockCopy) -> None:
+        self.tails.append(item)
+
+    def add_image(self, slot: int, slabs: Sequence[int]) -> None:
+        self.images.append((slot, slabs))
+
+    def run(self, to_host: bool) -> int:
+        """Issue every copy: the prelude (tails), then each layer in forward order."""
+        c = self.copier
+        use_cuda = bool(c.memory.pinned and torch.cuda.is_available())
+        if use_cuda:
+            self._stream = torch.cuda.Stream()
+            self._stream.wait_stream(torch.cuda.current_stream())  # destinations may be in use
+        ctx = torch.cuda.stream(self._stream) if use_cuda else _Null()
+        with ctx:
+            for t in self.tails:
+                self.bytes += c.blocks([t], to_host)
+            for pos, (kind, idx) in enumerate(self.order):
+                if kind == "kv":
+                    self.bytes += c.blocks(self.blocks, to_host, layer=idx)
+                else:
+                    for slot, slabs in self.images:
+                        self.bytes += c.image(slot, slabs, to_host, layer=idx)
+                if use_cuda:
+                    ev = torch.cuda.Event()
+                    ev.record(self._stream)
+                    self._events[pos] = ev
+        return self.bytes
+
+    def wait_layer(self, pos: int) -> None:
+        """Make the current stream wait for layer ``pos`` of the forward order (CPU: no-op)."""
+        ev = self._events.get(pos)
+        if ev is not None:
+            torch.cuda.current_stream().wait_event(ev)  # type: ignore[attr-defined]
+
+    def wait_all(self) -> None:
+        if self._stream is not None:
+            torch.cuda.current_stream().wait_stream(self._stream)
+
+    def synchronize(self) -> None:
+        if self._stream is not None:
+            self._stream.synchronize()
+
+
+class _Null:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
