@@ -12,10 +12,14 @@ dependency on the parent as the spec's concatenation, without building a new buf
 
 from __future__ import annotations
 
+import hashlib
 from array import array
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
-import xxhash
+try:
+    import xxhash
+except ImportError:  # e.g. a bare GPU box with only torch: stay importable, hash with blake2b
+    xxhash = None
 
 BLOCK_TOKENS = 64
 TOKEN_BYTES = 4
@@ -26,6 +30,9 @@ HashFn = Callable[[bytes, int], int]
 
 
 def xxh3_chain(data: bytes, seed: int) -> int:
+    if xxhash is None:
+        h = hashlib.blake2b(data, digest_size=8, key=seed.to_bytes(8, "little"))
+        return int.from_bytes(h.digest(), "little")
     return xxhash.xxh3_64_intdigest(data, seed)
 
 
@@ -46,11 +53,11 @@ def media_key(items: Sequence[tuple[bytes, int, int, int, int]]) -> int:
     Each item is ``(content_digest, modality, grid, span_begin, span_len)``; earlier items are
     included because they shift later rotary positions.
     """
-    h = xxhash.xxh3_64()
-    for digest, modality, grid, begin, length in items:
-        h.update(digest)
-        h.update(array("q", (modality, grid, begin, length)).tobytes())
-    return h.intdigest() or 1  # 0 means "no media"
+    data = b"".join(
+        digest + array("q", (modality, grid, begin, length)).tobytes()
+        for digest, modality, grid, begin, length in items
+    )
+    return xxh3_chain(data, 0) or 1  # 0 means "no media"
 
 
 class PromptKey:

@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 import torch
-import xxhash
 
 from ..index import BLOCK_TOKENS, Lane, Match, PromptKey, Snapshot
+from ..index.keys import xxh3_chain
 
 ATTR = "hybrid"
 
@@ -80,7 +80,7 @@ def namespace_of(radix_key: Any) -> int:
     extra, salt = getattr(radix_key, "extra_key", None), getattr(radix_key, "cache_salt", None)
     if not extra and not salt:
         return 0
-    return xxhash.xxh3_64_intdigest(f"{extra}\0{salt}".encode()) | 1
+    return xxh3_chain(f"{extra}\0{salt}".encode(), 0) | 1
 
 
 def key_for(state: ReqState | None, tokens: Any, n: int, namespace: int = 0) -> PromptKey:

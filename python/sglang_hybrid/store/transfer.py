@@ -21,6 +21,7 @@ from typing import NamedTuple
 
 import torch
 
+from .cuda_copy import Memcpy2D
 from .host_memory import HostMemory
 from .layout import SlabLayout
 
@@ -28,7 +29,7 @@ BLOCK = 64
 
 
 class BlockCopy(NamedTuple):
-    slots: torch.Tensor  # int64 token slots, one per row (64 for a block, fewer for a tail)
+    slots: torch.Tensor  # int64 token slots on the CPU (metadata), one per row
     slab: int
 
 
@@ -81,38 +82,54 @@ class SlabCopier:
         self.memory = memory
         self.kv_rows = [_u8_rows(b) for b in kv_buffers]
         self.state = state_tensors
+        on_cuda = bool(kv_buffers) and kv_buffers[0].is_cuda and memory.pinned
+        self.memcpy2d = Memcpy2D() if on_cuda else None
+        if self.memcpy2d is not None and not self.memcpy2d.available:
+            self.memcpy2d = None  # torch's copy_ stays correct, only slower for runs
 
     # ---------------------------------------------------------------- KV blocks and tails
-    def blocks(self, items: Sequence[BlockCopy], to_host: bool, layer: int | None = None) -> int:
-        """Copy block bundles (or tails: fewer rows); ``layer`` limits it to one layer's planes."""
+    def runs(self, items: Sequence[BlockCopy]) -> list[tuple[int, int]]:
+        return _runs(items, self.memory)
+
+    def blocks(
+        self,
+        items: Sequence[BlockCopy],
+        to_host: bool,
+        layer: int | None = None,
+        runs: list[tuple[int, int]] | None = None,
+    ) -> int:
+        """Copy block bundles (or tails: fewer rows); ``layer`` limits it to one layer's planes.
+
+        Slot tensors are CPU metadata: run detection reads them without touching the device.
+        """
         if not items:
             return 0
         moved = 0
         planes = [p for p in self.layout.planes if layer is None or p.layer == layer]
-        for i, j in _runs(items, self.memory):
+        for i, j in runs if runs is not None else _runs(items, self.memory):
             run = items[i:j]
             count = j - i
             rows_per = run[0].slots.numel()
             contiguous = count > 1 or (rows_per == BLOCK and _consecutive(run[0].slots))
+            s0 = int(run[0].slots[0])
+            idx = None if contiguous else run[0].slots.to(self.kv_rows[0].device, non_blocking=True)
             for p in planes:
                 length = rows_per * p.row_bytes
                 host = self.memory.run(run[0].slab, count, p.offset, length)
                 rows = self.kv_rows[p.buffer]
-                if contiguous:
-                    s0 = int(run[0].slots[0])
+                if idx is None:
                     dev = rows[s0 : s0 + count * rows_per].reshape(count, length)
-                    if to_host:
+                    if self.memcpy2d is not None and count > 1:
+                        self.memcpy2d(host, dev) if to_host else self.memcpy2d(dev, host)
+                    elif to_host:
                         host.copy_(dev, non_blocking=True)
                     else:
                         dev.copy_(host, non_blocking=True)
-                else:  # one block or tail with scattered slots: gather / scatter by index
-                    idx = run[0].slots.to(rows.device)
-                    if to_host:
-                        host.copy_(rows.index_select(0, idx).reshape(1, length), non_blocking=True)
-                    else:
-                        rows.index_copy_(
-                            0, idx, host.reshape(rows_per, p.row_bytes).to(rows.device)
-                        )
+                elif to_host:  # a block or tail with scattered slots: gather, one copy
+                    host.copy_(rows.index_select(0, idx).reshape(1, length), non_blocking=True)
+                else:  # ... or one copy, then scatter
+                    staged = host.reshape(rows_per, p.row_bytes).to(rows.device, non_blocking=True)
+                    rows.index_copy_(0, idx, staged)
                 moved += count * length
         return moved
 
@@ -175,9 +192,10 @@ class TransferBatch:
         with ctx:
             for t in self.tails:
                 self.bytes += c.blocks([t], to_host)
+            runs = c.runs(self.blocks)
             for pos, (kind, idx) in enumerate(self.order):
                 if kind == "kv":
-                    self.bytes += c.blocks(self.blocks, to_host, layer=idx)
+                    self.bytes += c.blocks(self.blocks, to_host, layer=idx, runs=runs)
                 else:
                     for slot, slabs in self.images:
                         self.bytes += c.image(slot, slabs, to_host, layer=idx)
