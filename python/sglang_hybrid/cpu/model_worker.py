@@ -30,6 +30,7 @@ Contract:
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -49,6 +50,7 @@ class ModelWorker(CpuTpWorker):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         require_float32_conv_state()
+        torch.set_num_threads(int(os.environ.get("SGLANG_HYBRID_CPU_THREADS", "1")))
         super().__init__(*args, **kwargs)
         if self.model_config.dtype != torch.float32:
             raise ValueError(

@@ -356,6 +356,8 @@ class HybridRadixCache(BasePrefixCache):
             return base[: req.prefix_len]
         if handle.tail_copy is None:
             handle.tail_copy = self._copy_tail(source)
+            if handle.state is not None:
+                handle.state.tail_copied = source.tail_len
         return torch.cat([base, handle.tail_copy[: source.tail_len]])
 
     def _copy_tail(self, source: Snapshot) -> torch.Tensor:

@@ -65,6 +65,7 @@ class HostTier:
         self.order = forward_order
         self.written_bytes = 0
         self.restored_bytes = 0
+        self.restored_blocks = 0
         self.prefetched_blocks = 0
 
     # ================================================================ write-through
@@ -131,6 +132,7 @@ class HostTier:
         if tail_missing:
             self.index.finish_tail_fill(source)
         self.restored_bytes += moved
+        self.restored_blocks += len(missing)
         tokens = BLOCK_TOKENS * len(missing) + (source.tail_len if tail_missing else 0)
         return Restored(moved, tokens)
 

@@ -62,6 +62,15 @@ def register() -> None:
         _cached_tokens_details,
         after,
     )
+    from . import chat_server
+
+    chat = "sglang.srt.entrypoints.openai.serving_chat.OpenAIServingChat"
+    HookRegistry.register(
+        f"{chat}._convert_to_internal_request", chat_server.around_convert, around
+    )
+    HookRegistry.register(
+        f"{chat}._render_and_encode_chat_template", chat_server.around_render, around
+    )
 
 
 # ---------------------------------------------------------------- CLI

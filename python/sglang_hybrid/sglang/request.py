@@ -48,6 +48,7 @@ class ReqState:
     boundary: set[int] = field(default_factory=set)  # positions published as Boundary
     taken: set[int] = field(default_factory=set)
     sources_unpinned: bool = False
+    tail_copied: int = 0  # tokens of the source's tail copied into the request's own pages
     restored_tokens: int = 0  # of the reused prefix, tokens that came back from the host tier
     restored_bytes: int = 0
     prefetch_room: int | None = None  # spare device room at the last prefetch attempt

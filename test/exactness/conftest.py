@@ -1,0 +1,193 @@
+"""The exactness suite's runner: every program against every cache configuration, once.
+
+One scheduler per configuration (SGLang builds its process groups once per process, and a build
+costs seconds), flushed between programs through SGLang's own ``flush_cache``. Results are
+computed on first use and shared by every test of the session.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from programs import CHUNK, LADDER, MIN_GAP, PROGRAMS, TAPS, Cancel, Chat, EvictDevice, Req, Wave
+
+from sglang_hybrid.sglang.chat_hints import hints_envelope
+
+BASE = dict(
+    page_size=1,
+    chunked_prefill_size=CHUNK,
+    max_total_tokens=24576,
+    max_running_requests=8,
+    max_mamba_cache_size=40,
+    max_prefill_tokens=4096,
+)
+CONFIGS: dict[str, dict[str, Any]] = {
+    "uncached": dict(disable_radix_cache=True),
+    "uncached-96": dict(disable_radix_cache=True, chunked_prefill_size=96),
+    "hybrid": dict(host_mib=0),
+    "hybrid+host": dict(host_mib=64),
+    "builtin": dict(),
+    # A pool that cannot hold the working set: an active request grows by evicting cache.
+    "hybrid-small": dict(
+        host_mib=0, max_total_tokens=2304, max_running_requests=2, max_mamba_cache_size=12
+    ),
+    "hybrid-small+host": dict(
+        host_mib=32, max_total_tokens=2304, max_running_requests=2, max_mamba_cache_size=12
+    ),
+}
+
+
+@dataclass
+class Run:
+    config: str
+    results: dict[str, Any] = field(default_factory=dict)
+    logits: dict[str, Any] = field(default_factory=dict)
+    pieces: dict[str, list[tuple[int, int]]] = field(default_factory=dict)  # worker's model calls
+    reqs: dict[str, Any] = field(default_factory=dict)
+    asked: dict[str, Req] = field(default_factory=dict)
+    cache: dict[str, Any] = field(default_factory=dict)  # per program: stats after it ran
+
+
+def _pressure(chat: Chat, rng: random.Random):
+    convs = [list(rng.randrange(20, 1500) for _ in range(300)) for _ in range(4)]
+    for i, c in enumerate(convs):
+        results = yield Wave([Req(f"pr-{i}", c, 60)])
+        convs[i] = c + list(results[f"pr-{i}"].output_ids)
+    yield Wave([Req("pr-grow", list(rng.randrange(20, 1500) for _ in range(900)), 300)])
+    yield Wave([Req("pr-again", convs[0] + [5, 6], 8)])
+
+
+PROGRAMS_SMALL = {"pressure": _pressure}
+
+
+def run_config(make_scheduler, model_dir: Path, chat: Chat, name: str) -> Run:
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
+    from sglang_hybrid.sglang.flags import HybridOptions
+
+    cfg = {**BASE, **CONFIGS[name]}
+    host_mib = cfg.pop("host_mib", None)
+    kw: dict[str, Any] = {}
+    if host_mib is not None:
+        cfg["radix_cache_backend"] = "hybrid"
+        kw["server_args_attrs"] = {
+            "_hybrid_options": HybridOptions(
+                host_cache_mib=host_mib,
+                tap_ladder=LADDER,
+                tap_min_gap=MIN_GAP,
+                taps_per_request=TAPS,
+            )
+        }
+    sched = make_scheduler(model_dir, worker="model", record_logits=True, **cfg, **kw)
+    run = Run(name)
+    small = name.startswith("hybrid-small")
+    programs = PROGRAMS_SMALL if small else PROGRAMS
+    if name == "uncached":
+        programs = {**PROGRAMS, **PROGRAMS_SMALL}
+    if name == "uncached-96":
+        programs = {"resume_equivalence": PROGRAMS["resume_equivalence"]}
+    for pname, program in programs.items():
+        sched.scheduler.flush_cache()
+        gen = program(chat, random.Random(pname))
+        step = next(gen)
+        while True:
+            if isinstance(step, Wave):
+                for r in step.reqs:
+                    attrs = {}
+                    if r.hints:
+                        attrs["kv_hints"] = hints_envelope(r.hints)
+                    if r.disabled:
+                        attrs["skip_radix_cache_insert"] = True
+                    run.reqs[r.rid] = sched.submit(r.rid, r.ids, r.max_new, **attrs)
+                    run.asked[r.rid] = r
+                if pname == "disabled_request" and step.reqs[0].disabled:
+                    run.cache["disabled_before"] = _counts(sched)
+                sched.run_until_idle()
+                if pname == "disabled_request" and step.reqs[0].disabled:
+                    run.cache["disabled_after"] = _counts(sched)
+            elif isinstance(step, Cancel):
+                r = step.req
+                run.reqs[r.rid] = sched.submit(r.rid, r.ids, r.max_new)
+                run.asked[r.rid] = r
+                for _ in range(step.after_chunks):
+                    sched.step()
+                sched.abort(r.rid)
+                sched.run_until_idle()
+            elif isinstance(step, EvictDevice):
+                tc = sched.tree_cache
+                if name == "hybrid+host" or name == "hybrid-small+host":
+                    tc.evict(EvictParams(num_tokens=1 << 30))
+                    for s in list(tc.index.snapshots.values()):
+                        if s.image_on_host and s.image_on_device and not s.restore_pins:
+                            tc.index._drop_image_device(s)
+            for rid, res in sched.results().items():
+                if rid not in run.results and res.finished:
+                    run.results[rid] = res
+                    run.pieces[rid] = list(sched.worker.pieces.get(rid, []))
+                    with contextlib.suppress(KeyError):  # aborted before its first token
+                        run.logits[rid] = sched.first_token_logits(rid).clone()
+            try:
+                step = gen.send(run.results)
+            except StopIteration:
+                break
+        tc = sched.tree_cache
+        if hasattr(tc, "index"):
+            host = getattr(tc, "host", None)
+            run.cache[pname] = dict(
+                stats=tc.index.stats,
+                restored_blocks=host.restored_blocks if host else 0,
+                nodes_by_depth=_depths(tc.index),
+            )
+    return run
+
+
+def _counts(sched) -> tuple[int, int] | None:
+    idx = getattr(sched.tree_cache, "index", None)  # SGLang's own cache has none
+    return (idx.tree.n_nodes, len(idx.snapshots)) if idx is not None else None
+
+
+def _depths(index) -> dict[int, int]:
+    out: dict[int, int] = {}
+    for n in index.tree.subtree_postorder(index.tree.root):
+        if n.parent is not None:
+            out[n.depth] = out.get(n.depth, 0) + 1
+    return out
+
+
+@pytest.fixture(scope="session")
+def _plugin() -> None:
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    from sglang_hybrid.sglang import plugin
+
+    plugin.register()
+    HookRegistry.apply_hooks()
+
+
+@pytest.fixture(scope="session")
+def suite(_plugin, tiny_models, tmp_path_factory):
+    """All configurations' runs, computed once (a few minutes on 2 cores)."""
+    from transformers import AutoTokenizer
+
+    from sglang_hybrid.cpu.loop import InProcessScheduler
+
+    model = tiny_models["qwen3_next"]
+    chat = Chat(AutoTokenizer.from_pretrained(model))
+    live: list[InProcessScheduler] = []
+
+    def make(model_dir, **kw):
+        while live:
+            live.pop().close()
+        s = InProcessScheduler(model_dir, **kw)
+        live.append(s)
+        return s
+
+    runs = {name: run_config(make, model, chat, name) for name in CONFIGS}
+    while live:
+        live.pop().close()
+    return runs
