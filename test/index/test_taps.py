@@ -38,22 +38,27 @@ def scenarios(draw):
     return n, base, hints, existing, spans, budget, ladder, gap, branch
 
 
-def _plan(sc):
+def _plan(sc, exact_tails: bool = True):
     n, base, hints, existing, spans, budget, ladder, gap, branch = sc
-    planner = TapPlanner(max_new_taps=budget, ladder_tokens=ladder, min_gap_tokens=gap)
+    planner = TapPlanner(
+        max_new_taps=budget, ladder_tokens=ladder, min_gap_tokens=gap, exact_tails=exact_tails
+    )
     return planner.plan(n, base, hints, existing=existing, vision_spans=spans, branch_point=branch)
 
 
 @settings(max_examples=400, deadline=None)
-@given(scenarios())
-def test_taps_are_aligned_in_range_outside_spans_and_deduplicated(sc) -> None:
+@given(scenarios(), st.booleans())
+def test_taps_are_placed_in_range_outside_spans_and_deduplicated(sc, exact_tails: bool) -> None:
+    """Flexible taps (and every tap without exact tails) lie on the 64-token grid."""
     n, base, _, existing, spans, budget, _, _, _ = sc
-    taps = _plan(sc)
+    taps = _plan(sc, exact_tails)
     positions = [t.position for t in taps]
     assert positions == sorted(set(positions))
     assert len(taps) <= budget
     for t in taps:
-        assert t.position % 64 == 0 and base < t.position <= n - 1
+        assert base < t.position <= n - 1
+        if not (t.exact and exact_tails):
+            assert t.position % 64 == 0
         assert not any(b < t.position < e for b, e in spans)
         assert t.position not in existing
         assert t.exact == (t.source not in (TapSource.TAIL, TapSource.LADDER))
@@ -96,8 +101,8 @@ def test_opener_absorbs_the_prompt_tail_in_chat() -> None:
     n = 3000
     taps = p.plan(n, 0, [TapHint(2990, HintKind.OPENER), TapHint(1500, HintKind.STRUCTURAL)])
     assert [(t.position, t.source) for t in taps] == [
-        (1472, TapSource.STRUCTURAL),
-        (2944, TapSource.OPENER),
+        (1500, TapSource.STRUCTURAL),
+        (2990, TapSource.OPENER),  # exact, with a tail; the tail tap (nominal 2999) is absorbed
     ]
     assert taps[0].boundary and not taps[1].boundary
 
@@ -106,7 +111,11 @@ def test_semantic_cluster_keeps_the_earliest_and_its_boundary() -> None:
     p = TapPlanner(max_new_taps=8, ladder_tokens=1 << 20, min_gap_tokens=1024)
     taps = p.plan(5000, 0, [TapHint(1000, HintKind.STRUCTURAL), TapHint(1040, HintKind.OPENER)])
     cluster = [t for t in taps if t.source in (TapSource.OPENER, TapSource.STRUCTURAL)]
-    assert len(cluster) == 1 and cluster[0].position == 960 and cluster[0].boundary
+    assert len(cluster) == 1 and cluster[0].position == 1000 and cluster[0].boundary
+    floored = TapPlanner(
+        max_new_taps=8, ladder_tokens=1 << 20, min_gap_tokens=1024, exact_tails=False
+    ).plan(5000, 0, [TapHint(1000, HintKind.STRUCTURAL), TapHint(1040, HintKind.OPENER)])
+    assert [t.position for t in floored if t.exact] == [960]
 
 
 def test_endpoint_resume_skips_the_opener() -> None:

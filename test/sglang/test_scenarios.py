@@ -69,14 +69,16 @@ def test_sessions_sharing_a_preamble_that_diverge_inside_a_block(build, page: in
     compare(build, steps, page)
 
 
-def test_preamble_boundary_hint_serves_the_second_session(build) -> None:
+@pytest.mark.parametrize("page", [1, 64])
+def test_preamble_boundary_hint_serves_the_second_session(build, page: int) -> None:
+    """An exact tap inside a block (1000 = 15 blocks + 40) is published with a 40-token tail."""
     preamble = toks(1000)
     users = [preamble + toks(120) for _ in range(3)]
     hint = make_envelope([1000], ["structural"])
-    h = build()
+    h = build(page=page)
     got = [h.run(u, kv_hints=hint).cached_tokens for u in users]
-    print(f"\nstructural hint at 1000: hybrid reuse {got}")
-    assert got == [0, 960, 960]
+    print(f"\nstructural hint at 1000, page {page}: hybrid reuse {got}")
+    assert got == [0, 1000, 1000]
 
 
 @pytest.mark.parametrize("page", [1, 64])

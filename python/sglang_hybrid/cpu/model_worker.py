@@ -38,7 +38,7 @@ import torch
 from sglang_hybrid.cpu.batch_spans import ReqSpan
 from sglang_hybrid.cpu.hf_model import load_hf_model
 from sglang_hybrid.cpu.install import require_float32_conv_state
-from sglang_hybrid.cpu.sampling import next_token
+from sglang_hybrid.cpu.sampling import next_token, unsupported_sampling
 from sglang_hybrid.cpu.split_invariant import split_invariant_conv
 from sglang_hybrid.cpu.state_io import PoolView, restore_cache, store_linear_states, store_new_kv
 from sglang_hybrid.cpu.taps import mark_tap_done, taps_inside
@@ -87,6 +87,10 @@ class ModelWorker(CpuTpWorker):
             )
         self._view = view
 
+    def unsupported_request_features(self, req: Any) -> list[str]:
+        sampling = unsupported_sampling(req.sampling_params)
+        return [*super().unsupported_request_features(req), *sampling]
+
     def logits_at(self, rid: str, position: int) -> torch.Tensor:
         """Recorded logits that chose ``rid``'s token at ``position`` (needs ``record_logits``)."""
         try:
@@ -126,6 +130,11 @@ class ModelWorker(CpuTpWorker):
                 position = span.prefix_len + span.extend_len
                 if self.record_logits:
                     self.logits.setdefault(span.req.rid, {})[position] = logits.clone()
+                if span.req.finished() or getattr(span.req, "to_finish", None) is not None:
+                    # Aborted at admission (SGLang still runs its one placeholder token): the token
+                    # is discarded, and its sampling parameters may be ones we refuse.
+                    tokens.append(int(torch.argmax(logits)))
+                    continue
                 tokens.append(
                     next_token(
                         logits, span.req.sampling_params, position, span.req.rid, self.random_seed

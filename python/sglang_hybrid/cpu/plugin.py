@@ -14,6 +14,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from .guard import guard_dispatcher
+
 ENV = "SGLANG_HYBRID_CPU_WORKER"
 KINDS = ("model", "tokens")
 
@@ -24,6 +26,16 @@ def register() -> None:
     sa = "sglang.srt.server_args.ServerArgs"
     HookRegistry.register(f"{sa}.add_cli_args", _add_cli_args, HookType.AFTER)
     HookRegistry.register(f"{sa}.from_cli_args", _from_cli_args, HookType.AFTER)
+    HookRegistry.register(
+        "sglang.srt.managers.scheduler.Scheduler._add_request_to_queue",
+        _refuse_what_the_worker_cannot_run,
+        HookType.BEFORE,
+    )
+    HookRegistry.register(
+        "sglang.srt.managers.scheduler.Scheduler.init_request_dispatcher",
+        guard_dispatcher,
+        HookType.AFTER,
+    )
     kind = os.environ.get(ENV)
     if kind:
         _install(kind)
@@ -35,6 +47,25 @@ def _install(kind: str) -> None:
     if kind not in KINDS:
         raise ValueError(f"{ENV}={kind!r}: expected one of {', '.join(KINDS)}")
     install_cpu_worker(kind)  # type: ignore[arg-type]
+
+
+def _refuse_what_the_worker_cannot_run(scheduler: Any, req: Any, *args: Any, **kw: Any) -> None:
+    """Abort a request the CPU worker cannot compute, the way SGLang aborts invalid input.
+
+    ``set_finish_with_abort`` before queueing makes SGLang answer the client with the message
+    (HTTP 400) and never schedule the request; an exception in a forward pass instead would kill
+    the scheduler and with it the server.
+    """
+    from .worker import CpuTpWorker
+
+    worker = getattr(scheduler, "tp_worker", None)
+    if not isinstance(worker, CpuTpWorker) or req.finished():
+        return
+    missing = worker.unsupported_request_features(req)
+    if missing:
+        req.set_finish_with_abort(
+            f"the sglang_hybrid CPU worker does not support {', '.join(missing)}"
+        )
 
 
 def _add_cli_args(result: Any, parser: Any) -> None:

@@ -14,11 +14,13 @@ Contract:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.server_args import ServerArgs
+
+from sglang_hybrid.cpu.errors import unsupported
 
 
 @dataclass(slots=True)
@@ -178,3 +180,10 @@ class CpuModelRunner:
 
     def prewarm_sampling(self) -> None:
         """The real runner warms its sampler kernels here; the CPU workers sample in torch."""
+
+    def __getattr__(self, name: str) -> NoReturn:
+        # Only reached for names not set above (weight updaters, exporters, LoRA managers, ...):
+        # refuse with the feature named; still an AttributeError for hasattr probes.
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)
+        unsupported(f"ModelRunner.{name}")

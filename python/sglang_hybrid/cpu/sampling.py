@@ -28,7 +28,8 @@ def _seed_for(seed: int, position: int) -> int:
     return (x ^ (x >> 31)) & ((1 << 63) - 1)
 
 
-def _refuse_unsupported(params: Any) -> None:
+def unsupported_sampling(params: Any) -> list[str]:
+    """The sampling parameters of ``params`` that ``next_token`` cannot honour."""
     unsupported = []
     if params.top_p < 1.0:
         unsupported.append("top_p")
@@ -38,6 +39,11 @@ def _refuse_unsupported(params: Any) -> None:
         unsupported.append("penalties")
     if params.logit_bias:
         unsupported.append("logit_bias")
+    return unsupported
+
+
+def _refuse_unsupported(params: Any) -> None:
+    unsupported = unsupported_sampling(params)
     if unsupported:
         raise NotImplementedError(
             f"the sglang_hybrid CPU model worker does not sample with {', '.join(unsupported)}"

@@ -29,15 +29,8 @@ import torch
 from sglang.srt.server_args import ServerArgs
 
 from sglang_hybrid.cpu.batch_spans import ReqSpan, batch_spans
+from sglang_hybrid.cpu.errors import unsupported
 from sglang_hybrid.cpu.runner import CpuModelRunner
-
-
-class CpuWorkerUnsupported(NotImplementedError, AttributeError):
-    """A TpModelWorker feature the CPU worker does not provide."""
-
-
-def unsupported(feature: str) -> NoReturn:
-    raise CpuWorkerUnsupported(f"the sglang_hybrid CPU worker does not support {feature}")
 
 
 @dataclass(slots=True)
@@ -276,6 +269,28 @@ class CpuTpWorker:
         unsupported(f"TpModelWorker.{name}")
 
     # ------------------------------------------------------------------ forward
+    def unsupported_request_features(self, req: Any) -> list[str]:
+        """What ``req`` asks for that this worker cannot compute (empty: it can run).
+
+        The CPU plugin's admission hook aborts such a request with this list before it is
+        queued; raising later, inside a forward pass, would take the scheduler down.
+        """
+        out = []
+        ids = req.origin_input_ids
+        vocab = self.model_config.vocab_size
+        if len(ids) and (min(ids) < 0 or max(ids) >= vocab):
+            out.append(f"token ids outside the model's vocabulary [0, {vocab})")
+        if req.return_logprob:
+            out.append("logprobs")
+        if req.return_hidden_states:
+            out.append("hidden-state capture")
+        if getattr(req, "lora_id", None):
+            out.append("LoRA adapters")
+        params = req.sampling_params
+        if params.json_schema or params.regex or params.ebnf or params.structural_tag:
+            out.append("constrained decoding (json_schema / regex / ebnf / structural_tag)")
+        return out
+
     def forward_batch_generation(
         self,
         batch: Any,

@@ -249,12 +249,14 @@ class PrefixIndex:
         n = key.n if n is None else n
         base = source.frontier if source is not None else 0
         # Only snapshots past the base can make a tap redundant.
+        # A snapshot with a tail counts only where its tail tokens are this prompt's (O(63)).
         existing = [
             s.frontier
             for node in m.path[base // BLOCK_TOKENS :]
             if node.snapshots
             for s in node.snapshots
             if not s.tail
+            or (s.frontier <= n and key.tokens(s.frontier - s.tail_len, s.frontier) == s.tail)
         ]
         bp = m.branch_point
         if bp is not None and bp < base + BLOCK_TOKENS:

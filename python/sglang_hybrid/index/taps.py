@@ -11,15 +11,19 @@ Candidates, in priority order:
 6. the ladder n - G * 2^k, snapped back to a message
    boundary within the minimum gap                            flexible
 
-Every tap is floored to the 64-token grid, lies in (base, n - 1] and never strictly inside a Vision
-span (a candidate inside one moves to the span start first). Exact taps end a prefill pass at their
-position; flexible taps are realised where a pass ends anyway.
+Every tap lies in (base, n - 1] and never strictly inside a Vision span (a candidate inside one
+moves to the span start). Exact taps keep their position (spec §7.1: the split is worth it because
+later prompts diverge exactly there) and are published with the partial block before them as a
+tail; ``exact_tails=False`` floors them to the 64-token grid instead, for callers that cannot hold
+tails. Flexible taps are floored to the grid and realised where a pass ends anyway.
 
 Proximity: semantic boundaries (opener, structural, automatic) closer than 64 tokens form one
 cluster that keeps only its earliest position, and its Boundary-ness if any member had it. A
 snapshot serves every prompt diverging after it, so a non-explicit candidate is dropped when an
 accepted tap, an existing snapshot on the path or the base lies at most 64 tokens before it; ladder
-candidates keep the minimum gap on both sides instead. At most ``max_new_taps`` are kept.
+candidates keep the minimum gap on both sides instead. The prompt tail is judged at its nominal
+position n - 1 (so an opener within 64 tokens of the end absorbs it, one split per chat request),
+then floored. At most ``max_new_taps`` are kept.
 
 Branch point (Marconi's admission rule): when a request's exact KV match reaches at least 64 tokens
 past the snapshot it resumes from, two requests provably diverge at the deepest matched block
@@ -68,10 +72,18 @@ class Tap(NamedTuple):
 
 
 class TapPlanner:
-    def __init__(self, *, max_new_taps: int, ladder_tokens: int, min_gap_tokens: int) -> None:
+    def __init__(
+        self,
+        *,
+        max_new_taps: int,
+        ladder_tokens: int,
+        min_gap_tokens: int,
+        exact_tails: bool = True,
+    ) -> None:
         self.max_new_taps = max_new_taps
         self.ladder_tokens = ladder_tokens
         self.min_gap_tokens = min_gap_tokens
+        self.exact_tails = exact_tails
 
     def plan(
         self,
@@ -92,19 +104,22 @@ class TapPlanner:
         if self.max_new_taps <= 0 or n - 1 <= base:
             return []
 
-        def snap(p: int) -> int | None:
-            p = _grid_point(min(p, n - 1), vision_spans)
+        def snap(p: int, exact: bool = False) -> int | None:
+            if exact and self.exact_tails:
+                p = _span_point(min(p, n - 1), vision_spans)
+            else:
+                p = _grid_point(min(p, n - 1), vision_spans)
             return p if base < p else None
 
         hints = sorted(hints)
         cands: list[Tap] = []
         for h in hints:
-            if h.kind is HintKind.EXPLICIT and (p := snap(h.position)) is not None:
+            if h.kind is HintKind.EXPLICIT and (p := snap(h.position, True)) is not None:
                 cands.append(Tap(p, True, True, TapSource.EXPLICIT))
-        if branch_point is not None and (p := snap(branch_point)) is not None:
+        if branch_point is not None and (p := snap(branch_point, True)) is not None:
             cands.append(Tap(p, True, True, TapSource.BRANCH))
         for tap in self._semantic_clusters(hints, skip_opener):
-            if (p := snap(tap.position)) is not None:
+            if (p := snap(tap.position, True)) is not None:
                 cands.append(tap._replace(position=p))
         if (p := snap(n - 1)) is not None:
             cands.append(Tap(p, False, False, TapSource.TAIL))
@@ -125,11 +140,12 @@ class TapPlanner:
             p = tap.position
             if p in taken:
                 continue
+            nominal = n - 1 if tap.source is TapSource.TAIL else p
             if tap.source is TapSource.LADDER:
                 if any(abs(p - q) < self.min_gap_tokens for q in anchors):
                     continue
             elif tap.source is not TapSource.EXPLICIT and any(
-                0 <= p - q <= BLOCK_TOKENS for q in anchors
+                0 <= nominal - q <= BLOCK_TOKENS for q in anchors
             ):
                 continue
             accepted.append(tap)
@@ -171,6 +187,14 @@ _SOURCE_OF = {
     HintKind.STRUCTURAL: TapSource.STRUCTURAL,
     HintKind.AUTOMATIC: TapSource.AUTOMATIC,
 }
+
+
+def _span_point(p: int, spans: Sequence[tuple[int, int]]) -> int:
+    """``p``, or the start of the Vision span it lies strictly inside."""
+    for begin, end in spans:
+        if begin < p < end:
+            return begin
+    return p
 
 
 def _grid_point(p: int, spans: Sequence[tuple[int, int]]) -> int:

@@ -420,7 +420,7 @@ class HybridRadixCache(BasePrefixCache):
         if finished:
             protected = self._finish(req, lane, key, row, up_to, protected)
         else:
-            self._publish_taps(req, state, lane, key, up_to)
+            self._publish_taps(req, state, lane, key, row, up_to)
         req.kv.cache_protected_len = max(req.kv.cache_protected_len, protected)
         self._free_dropped()
 
@@ -448,28 +448,64 @@ class HybridRadixCache(BasePrefixCache):
             self.token_to_kv_pool_allocator.free(row[pos].to(torch.int64))
             row[pos] = handles_to_slots((n.device for _, n in dups), row.device).to(row.dtype)
 
-    def _publish_taps(self, req: Any, state: ReqState, lane: Any, key: Any, up_to: int) -> None:
-        """A chunk ended at ``up_to``: take the exact tap there or flexible taps it reached."""
-        if up_to % BLOCK_TOKENS or up_to in state.taken:
+    def _publish_taps(
+        self, req: Any, state: ReqState, lane: Any, key: Any, row: torch.Tensor, up_to: int
+    ) -> None:
+        """A chunk ended at ``up_to``: take the exact tap there or flexible taps it reached.
+
+        Chunking ends passes on the 64-token grid except at exact cuts, so a frontier inside a
+        block is an exact tap (opener, structural, explicit): its snapshot gets a tail (§5.3).
+        """
+        if up_to in state.taken or (up_to % BLOCK_TOKENS and up_to not in state.cuts):
             return
         due = [p for p in (*state.cuts, *state.flexible) if p <= up_to and p not in state.taken]
         if not due:
             return
         state.taken.update(due)
         kind = SnapshotKind.BOUNDARY if any(p in state.boundary for p in due) else SnapshotKind.TAP
-        self._take_snapshot(req, lane, key, up_to, kind)
+        self._take_snapshot(req, lane, key, row, up_to, kind)
 
     def _take_snapshot(
-        self, req: Any, lane: Any, key: Any, frontier: int, kind: SnapshotKind
+        self, req: Any, lane: Any, key: Any, row: torch.Tensor, frontier: int, kind: SnapshotKind
     ) -> Snapshot | None:
+        tail = self._copy_request_tail(row, frontier) if frontier % BLOCK_TOKENS else None
+        if frontier % BLOCK_TOKENS and tail is None:
+            return None  # no KV room for the tail: skip the tap (§9.2: snapshots are optional)
         slot = self.index.reserve_slot(lane, frontier, kind)
         if slot is None:
+            if tail is not None:
+                self.token_to_kv_pool_allocator.free(tail)
             return None
         self.pools.copy_state(int(req.kv.mamba_pool_idx), self.slot_id(slot))
-        s = self.index.publish(lane, key, frontier, slot, kind)
+        s = self.index.publish(
+            lane,
+            key,
+            frontier,
+            slot,
+            kind,
+            tail_device=slots_to_handle(tail) if tail is not None else None,
+            tail_device_tokens=0 if tail is None else int(tail.numel()),
+        )
+        if s is None and tail is not None:  # a duplicate: the tail copy stays ours to free
+            self.token_to_kv_pool_allocator.free(tail)
         if s is not None and self.host is not None:
             self.host.write_snapshot(s, self.slot_id(slot))
         return s
+
+    def _copy_request_tail(self, row: torch.Tensor, frontier: int) -> torch.Tensor | None:
+        """Cache-owned pages holding a copy of the request's KV in [floor64(f), f), or None.
+
+        The request keeps its own pages (it still computes into them), so an exact tap inside a
+        block pays a copy of at most 63 tokens. Never evicts: a tap is not worth displacing cache.
+        """
+        base = BLOCK_TOKENS * (frontier // BLOCK_TOKENS)
+        need = _ceil(frontier, self.page_size) - base
+        dst = self.token_to_kv_pool_allocator.alloc(need)
+        if dst is None:
+            return None
+        t = frontier - base
+        self.pools.copy_kv(dst[:t], row[base:frontier].to(torch.int64))
+        return dst
 
     def _finish(
         self, req: Any, lane: Any, key: Any, row: torch.Tensor, up_to: int, protected: int

@@ -1,0 +1,210 @@
+"""SGLang's real server on the CPU with ``--radix-cache hybrid`` and the CPU model worker."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from sglang_hybrid.cpu.server import CpuServer
+
+
+def toks(seed: int, n: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(20, 1500) for _ in range(n)]
+
+
+def generate(server: CpuServer, ids: list[int], max_new: int = 8) -> dict:
+    status, out = server.post_json(
+        "/generate",
+        {"input_ids": ids, "sampling_params": {"max_new_tokens": max_new, "temperature": 0}},
+    )
+    assert status == 200, out
+    return out
+
+
+def test_the_server_reports_our_backend(hybrid_server: CpuServer) -> None:
+    info = hybrid_server.get_json("/get_server_info")
+    assert info["radix_cache_backend"] == "hybrid"
+    assert info["device"] == "cpu"
+
+
+def test_the_same_prompt_twice_resumes_at_the_prompt_tail_tap(hybrid_server: CpuServer) -> None:
+    ids = toks(1, 300)
+    first, again = generate(hybrid_server, ids), generate(hybrid_server, ids)
+    assert first["meta_info"]["cached_tokens"] == 0
+    assert again["meta_info"]["cached_tokens"] == 256  # floor64(299): SGLang's own cache gets 0
+    assert again["output_ids"] == first["output_ids"]
+
+
+def chat(server: CpuServer, messages: list[dict], max_tokens: int = 6) -> dict:
+    status, out = server.post_json(
+        "/v1/chat/completions",
+        {"model": "m", "messages": messages, "max_tokens": max_tokens, "temperature": 0},
+    )
+    assert status == 200, out
+    return out
+
+
+def test_chat_turns_report_cached_tokens_with_the_history_re_rendered(
+    hybrid_server: CpuServer,
+) -> None:
+    words = [
+        "cache",
+        "state",
+        "block",
+        "agent",
+        "tool",
+        "file",
+        "test",
+        "loop",
+        "prefix",
+        "token",
+        "model",
+        "query",
+    ]
+    rng = random.Random(7)
+    text = lambda n: " ".join(rng.choice(words) for _ in range(n))  # noqa: E731
+    # A user turn of > 64 tokens: a shorter one clusters the opener with the system-block end and
+    # only the earlier is tapped (spec §7.1 proximity rule).
+    msgs = [{"role": "system", "content": text(120)}, {"role": "user", "content": text(90)}]
+    first = chat(hybrid_server, msgs)
+    n1 = first["usage"]["prompt_tokens"]
+    # The assistant turn comes back with its reasoning; the template strips it from history.
+    msgs += [
+        {"role": "assistant", "content": text(10), "reasoning_content": text(20)},
+        {"role": "user", "content": text(12)},
+    ]
+    second = chat(hybrid_server, msgs)
+    cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
+    print(f"\nturn 1: {n1} prompt tokens; turn 2 reused {cached}")
+    # The exact generation-opener tap sits at the start of turn 1's assistant header.
+    assert n1 - 8 <= cached < n1
+
+
+HOSTILE = [
+    ("/generate", {"input_ids": [5, 6, 7], "return_logprob": True}),
+    ("/generate", {"input_ids": [99999], "sampling_params": {"max_new_tokens": 2}}),
+    ("/generate", {"input_ids": [], "sampling_params": {"max_new_tokens": 2}}),
+    ("/generate", {"input_ids": [5] * 20000, "sampling_params": {"max_new_tokens": 2}}),
+    ("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 2, "regex": "a+"}}),
+    ("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 2, "top_p": 0.5}}),
+    (
+        "/v1/chat/completions",
+        {
+            "model": "m",
+            "messages": [{"role": "user", "content": "x"}],
+            "max_tokens": 2,
+            "logprobs": True,
+        },
+    ),
+    ("/v1/embeddings", {"model": "m", "input": "hi"}),
+    ("/update_weights_from_disk", {"model_path": "/nonexistent"}),
+    ("/get_weights_by_name", {"name": "lm_head.weight"}),
+    (
+        "/init_weights_update_group",
+        {
+            "master_address": "127.0.0.1",
+            "master_port": 1,
+            "rank_offset": 1,
+            "world_size": 2,
+            "group_name": "g",
+        },
+    ),
+    ("/begin_weight_update", {}),
+    ("/update_weights_from_ipc", {"zmq_handles": {}}),
+    ("/release_memory_occupation", {}),
+    ("/resume_memory_occupation", {}),
+    ("/load_lora_adapter", {"lora_name": "a", "lora_path": "/nonexistent"}),
+    ("/start_expert_distribution_record", {}),
+    (
+        "/send_weights_to_remote_instance",
+        {"master_address": "127.0.0.1", "ports": "1", "group_name": "g"},
+    ),
+]
+
+
+@pytest.mark.parametrize("path,body", HOSTILE, ids=[f"{p}#{i}" for i, (p, _) in enumerate(HOSTILE)])
+def test_no_endpoint_takes_the_server_down(hybrid_server: CpuServer, path: str, body: dict) -> None:
+    status, out = hybrid_server.post_json(path, body, timeout_s=60)
+    print(f"\n{path}: {status} {str(out)[:160]}")
+    assert status < 500 or "message" in str(out)  # an answer, not a dropped connection
+    assert hybrid_server.alive()
+    ids = toks(2, 70)
+    assert (
+        generate(hybrid_server, ids, 3)["output_ids"]
+        == generate(hybrid_server, ids, 3)["output_ids"]
+    )
+
+
+def test_refusals_name_the_missing_feature(hybrid_server: CpuServer) -> None:
+    status, out = hybrid_server.post_json(
+        "/generate", {"input_ids": [5, 6, 7], "return_logprob": True}
+    )
+    assert status == 400 and "does not support logprobs" in str(out)
+    status, out = hybrid_server.post_json("/update_weights_from_disk", {"model_path": "/x"})
+    assert status == 400 and out["success"] is False and "weight updates" in out["message"]
+
+
+def test_a_frontend_program_forks_over_a_cached_prefix(hybrid_server: CpuServer) -> None:
+    """``sglang.function`` with ``fork`` through ``RuntimeEndpoint``: branches hit the prefix.
+
+    The three branches arrive together. The first one admitted prefills the shared document in
+    chunks (one chunked request per pass) and its prompt-tail tap serves the other two in the
+    same run; a second run over the same document (new questions) hits on every branch. SGLang's
+    own cache keeps no state inside the document and would reuse nothing here.
+    """
+    import sglang as sgl
+
+    words = ["cache", "state", "block", "agent", "tool", "file", "test", "loop", "prefix"]
+    rng = random.Random(11)
+    doc = "Document: " + " ".join(rng.choice(words) for _ in range(260)) + "."
+
+    @sgl.function
+    def branches(s, doc: str, topic: str):
+        s += doc
+        forks = s.fork(3)
+        for i, f in enumerate(forks):
+            f += f" Question {i} on {topic}: which word comes first?"
+            f += sgl.gen("answer", max_tokens=3, temperature=0)
+        return [f.get_meta_info("answer") for f in forks]
+
+    backend = sgl.RuntimeEndpoint(hybrid_server.url)
+    n_doc = len(hybrid_server.post_json("/tokenize", {"prompt": doc})[1]["tokens"])
+    floor = (n_doc - 1) // 64 * 64
+    first = [m["cached_tokens"] for m in branches.run(doc, "order", backend=backend).ret_value]
+    second = [m["cached_tokens"] for m in branches.run(doc, "counts", backend=backend).ret_value]
+    print(f"\ndocument of {n_doc} tokens; branches reused {first}, then {second}")
+    assert sorted(first)[0] == 0 and all(c >= floor for c in sorted(first)[1:])
+    assert all(c >= floor for c in second)
+
+
+def test_live_replay_client_against_the_server(hybrid_server: CpuServer) -> None:
+    import numpy as np
+
+    from sglang_hybrid.replay.live import chat_request, from_trace, run_replay, summarize
+    from sglang_hybrid.replay.trace import Trace, TraceRequest
+
+    base = np.array(toks(21, 200), dtype=np.int32)
+    trace = Trace(
+        "live-test",
+        [
+            TraceRequest("a", base, 4, arrival_s=0.0),
+            TraceRequest("b", np.concatenate([base, base[:10]]), 4, after=("a",), delay_s=0.1),
+            TraceRequest("c", np.array(toks(22, 90), dtype=np.int32), 4, arrival_s=0.05),
+        ],
+        "test",
+    )
+    msgs = [{"role": "system", "content": "be brief " * 40}, {"role": "user", "content": "hi"}]
+    reqs = [*from_trace(trace), chat_request("d", msgs, max_tokens=4, after=("c",))]
+    seen: list[str] = []
+    results = run_replay(
+        hybrid_server.url, reqs, concurrency=2, on_result=lambda r: seen.append(r.rid)
+    )
+    by = {r.rid: r for r in results}
+    assert [r.rid for r in results] == ["a", "b", "c", "d"] and sorted(seen) == ["a", "b", "c", "d"]
+    assert all(r.error is None for r in results), [r.error for r in results]
+    assert by["b"].cached_tokens >= 192  # a's prompt-tail tap
+    assert by["b"].sent_at_s >= by["a"].sent_at_s + by["a"].latency_s  # closed loop honoured
+    assert all(r.completion_tokens == 4 and 0 < r.ttft_s <= r.latency_s for r in results)
+    assert summarize(results)["failed"] == 0
