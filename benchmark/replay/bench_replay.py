@@ -1,0 +1,126 @@
+"""The replay benchmarks behind ``docs/benchmarks.md``: each one a fixed ``replay run`` command.
+
+Usage (from the repository root):
+``python benchmark/replay/bench_replay.py NAME [--dry-run] [extra replay-run args]``
+
+Runs ``sglang-hybrid replay run`` with the arguments listed under NAME and writes the report to
+``docs/results/replay/NAME/`` (report.json, report.md with the exact command, two PNGs).
+``--dry-run`` prints the command instead. Names: see ``RUNS``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+from sglang_hybrid.replay import cli
+
+ROOT = Path(__file__).resolve().parents[2]
+# Paths as the docs write them: relative to the repository root, where this script must run.
+MOONCAKE = "../shared/traces/mooncake_synthetic_trace.jsonl"
+ALL = "hybrid,no_buffer,extra_buffer,oracle"
+
+RUNS: dict[str, list[str]] = {
+    # The whole synthetic Mooncake trace at its own arrival times, one H200 serving an
+    # 80B-A3B-class hybrid: the trace's load saturates it (queues of minutes).
+    "mooncake": [
+        f"--trace=mooncake:{MOONCAKE}",
+        "--geometry=qwen3-next-80b",
+        "--device=h200",
+        "--budget-gib",
+        "32",
+        f"--caches={ALL}",
+    ],
+    # The same trace with arrivals stretched 4x (a quarter of the load), over budgets.
+    "mooncake-x4": [
+        f"--trace=mooncake:{MOONCAKE}",
+        "--time-scale=4",
+        "--geometry=qwen3-next-80b",
+        "--device=h200",
+        "--budget-gib",
+        "16",
+        "32",
+        "64",
+        f"--caches={ALL}",
+    ],
+    # Host tier on: hybrid gets 32 GiB device + 96 GiB host, SGLang's caches 128 GiB device.
+    "mooncake-host": [
+        f"--trace=mooncake:{MOONCAKE}",
+        "--time-scale=4",
+        "--geometry=qwen3-next-80b",
+        "--device=h200",
+        "--budget-gib",
+        "32",
+        "--host-gib=96",
+        f"--caches={ALL}",
+    ],
+    # The generated agent workload on a 27B-class hybrid, over budgets up to one that holds
+    # its working set.
+    "agent": [
+        "--trace=agent",
+        "--sessions=24",
+        "--geometry=qwen3.5-27b",
+        "--device=h200",
+        "--budget-gib",
+        "16",
+        "32",
+        "64",
+        "128",
+        f"--caches={ALL}",
+    ],
+    # bench_serving's generated-shared-prefix shape at its defaults (64 groups x 16 prompts,
+    # 2048-token system prompts, all arriving at once): SGLang issue 28222's case.
+    "shared-prefix": [
+        "--trace=shared-prefix",
+        "--geometry=qwen3.5-27b",
+        "--device=h200",
+        "--budget-gib",
+        "32",
+        f"--caches={ALL}",
+    ],
+    # Exploration, not a default: the hybrid backend with a denser tap ladder on the stretched
+    # Mooncake trace (its taps are the knob that decides hint-less traffic).
+    "mooncake-x4-ladder": [
+        f"--trace=mooncake:{MOONCAKE}",
+        "--time-scale=4",
+        "--geometry=qwen3-next-80b",
+        "--device=h200",
+        "--budget-gib",
+        "32",
+        "--caches=hybrid",
+        "--tap-ladder=4096",
+        "--tap-min-gap=1024",
+        "--taps-per-request=8",
+    ],
+    # Host tier on: hybrid gets 16 GiB device + 48 GiB host, SGLang's caches 64 GiB device.
+    "agent-host": [
+        "--trace=agent",
+        "--sessions=24",
+        "--geometry=qwen3.5-27b",
+        "--device=h200",
+        "--budget-gib",
+        "16",
+        "--host-gib=48",
+        f"--caches={ALL}",
+    ],
+}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("name", choices=sorted(RUNS))
+    parser.add_argument("--dry-run", action="store_true")
+    args, extra = parser.parse_known_args()
+    if Path.cwd().resolve() != ROOT:
+        raise SystemExit(f"run this from the repository root ({ROOT})")
+    argv = ["run", *RUNS[args.name], f"--out=docs/results/replay/{args.name}", *extra]
+    if args.dry_run:
+        print(f"{cli.PROG} {shlex.join(argv)}")
+        return 0
+    return cli.main(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

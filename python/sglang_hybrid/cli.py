@@ -1,0 +1,35 @@
+"""``sglang-hybrid``: the package's command line, a dispatcher over subcommands.
+
+``sglang-hybrid replay ...`` runs the trace-replay benchmark (``sglang_hybrid.replay.cli``).
+Subcommand modules are imported only when chosen, so ``--help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+USAGE = """usage: sglang-hybrid <command> [args...]
+
+commands:
+  replay    replay traces against prefix caches through SGLang's scheduler on the CPU
+            (sglang-hybrid replay --help)
+"""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        print(USAGE, end="")
+        return 0 if args else 2
+    command, rest = args[0], args[1:]
+    if command == "replay":
+        from sglang_hybrid.replay.cli import main as replay_main
+
+        return replay_main(rest)
+    print(f"sglang-hybrid: unknown command {command!r}\n\n{USAGE}", end="", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

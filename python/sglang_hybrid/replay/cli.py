@@ -1,0 +1,275 @@
+"""``sglang-hybrid replay`` / ``python -m sglang_hybrid.replay``: the trace-replay benchmark.
+
+Subcommands:
+
+- ``run``: replay a trace or a generated workload against caches over one or more budgets and
+  write ``report.json``, ``report.md`` and plots to ``--out`` (the markdown also goes to stdout).
+  Traces: ``--trace mooncake:PATH``, ``--trace sessions:PATH``, ``--trace agent`` (generated,
+  ``--sessions``, ``--session-rate``, ``--seed``), ``--trace shared-prefix`` (bench_serving's
+  generated-shared-prefix shape, ``--gsp-*``).
+- ``generate {agent,shared-prefix} --out FILE``: write a generated workload in the session format.
+- ``plan``: print how budgets map to each cache's pools.
+
+Budgets are GiB of the modelled geometry (``--geometry``), whatever the CPU tensors weigh.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import math
+import os
+import platform
+import shlex
+import sys
+from collections.abc import Sequence
+
+from .budget import CACHES, DEFAULT_MAMBA_RATIO, GIB
+from .trace import Trace, first
+
+PROG = "sglang-hybrid replay"
+
+
+def _trace_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("trace")
+    g.add_argument("--seed", type=int, default=0, help="token ids / generator seed (default 0)")
+    g.add_argument("--limit", type=int, default=None, help="keep the first N requests")
+    g.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        help="multiply Mooncake arrival times (default 1: the trace's own timing)",
+    )
+    g.add_argument("--sessions", type=int, default=24, help="agent: sessions (default 24)")
+    g.add_argument(
+        "--session-rate", type=float, default=0.1, help="agent: sessions started per second"
+    )
+    g.add_argument("--gsp-num-groups", type=int, default=64)
+    g.add_argument("--gsp-prompts-per-group", type=int, default=16)
+    g.add_argument("--gsp-system-prompt-len", type=int, default=2048)
+    g.add_argument("--gsp-question-len", type=int, default=128)
+    g.add_argument("--gsp-output-len", type=int, default=256)
+    g.add_argument("--gsp-range-ratio", type=float, default=1.0)
+    g.add_argument("--gsp-ordered", action="store_true")
+    g.add_argument(
+        "--request-rate", type=float, default=math.inf, help="shared-prefix: requests/s (inf)"
+    )
+
+
+def load_trace(spec: str, args: argparse.Namespace) -> Trace:
+    """A trace from ``--trace`` (``mooncake:PATH``, ``sessions:PATH``, ``agent``, ...)."""
+    kind, _, path = spec.partition(":")
+    if kind == "mooncake":
+        from .traces.mooncake import load_mooncake
+
+        return load_mooncake(path, seed=args.seed, limit=args.limit, time_scale=args.time_scale)
+    if kind == "sessions":
+        from .traces.sessions import load_sessions
+
+        return load_sessions(path, limit=args.limit)
+    if kind == "agent":
+        from .generators.workload import agent_workload
+
+        trace = agent_workload(
+            sessions=args.sessions, session_rate_per_s=args.session_rate, seed=args.seed
+        )
+    elif kind == "shared-prefix":
+        from .traces.shared_prefix import shared_prefix_trace
+
+        trace = shared_prefix_trace(
+            num_groups=args.gsp_num_groups,
+            prompts_per_group=args.gsp_prompts_per_group,
+            system_prompt_len=args.gsp_system_prompt_len,
+            question_len=args.gsp_question_len,
+            output_len=args.gsp_output_len,
+            range_ratio=args.gsp_range_ratio,
+            request_rate=args.request_rate,
+            ordered=args.gsp_ordered,
+            seed=args.seed,
+        )
+    else:
+        raise SystemExit(
+            f"--trace {spec!r}: expected mooncake:PATH, sessions:PATH, agent or shared-prefix"
+        )
+    if args.limit is not None:
+        trace = first(trace, args.limit)
+    return trace
+
+
+def _budget_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("budget and model")
+    g.add_argument(
+        "--budget-gib",
+        type=float,
+        nargs="+",
+        default=[32.0],
+        help="device budgets for KV + states, GiB of the modelled geometry (several: a sweep)",
+    )
+    g.add_argument(
+        "--host-gib",
+        type=float,
+        default=0.0,
+        help="hybrid's host tier; SGLang's caches get it on the device (same total memory)",
+    )
+    g.add_argument("--device", default="h200", help="cost preset device (h200, rtx5090)")
+    g.add_argument(
+        "--geometry", default="qwen3.5-27b", help="model geometry (qwen3.5-27b, qwen3-next-80b)"
+    )
+    g.add_argument("--max-running", type=int, default=64, help="running-request cap (64)")
+    g.add_argument(
+        "--mamba-ratio",
+        type=float,
+        default=DEFAULT_MAMBA_RATIO,
+        help="SGLang's --mamba-full-memory-ratio for the state/KV split (0.9)",
+    )
+    g.add_argument(
+        "--snapshot-slots",
+        type=int,
+        default=None,
+        help="hybrid device snapshot slots (default: every state slot running requests leave)",
+    )
+
+
+def _engine_args(p: argparse.ArgumentParser) -> None:
+    """Scheduler and hybrid-backend options of a replay (shared with benchmark scripts)."""
+    p.add_argument("--chunk", type=int, default=8192, help="chunked prefill size (8192)")
+    p.add_argument("--max-prefill-tokens", type=int, default=16384)
+    hy = p.add_argument_group("hybrid backend options (its --hybrid-* flags; default: its own)")
+    hy.add_argument("--tail-tap", choices=("exact", "flexible"), default="exact")
+    hy.add_argument("--taps-per-request", type=int, default=None)
+    hy.add_argument("--tap-ladder", type=int, default=None)
+    hy.add_argument("--tap-min-gap", type=int, default=None)
+    hy.add_argument("--hybrid-page-size", type=int, default=None, help="default 1")
+    p.add_argument("--model-dir", default=None, help="tiny model directory (written if absent)")
+    bar = p.add_mutually_exclusive_group()
+    bar.add_argument("--progress", dest="progress", action="store_true", default=None)
+    bar.add_argument("--no-progress", dest="progress", action="store_false")
+
+
+def _settings(args: argparse.Namespace, budget_gib: float) -> object:
+    from .driver import ReplaySettings
+
+    return ReplaySettings(
+        device=args.device,
+        geometry=args.geometry,
+        device_bytes=int(budget_gib * GIB),
+        host_bytes=int(args.host_gib * GIB),
+        max_running=args.max_running,
+        chunk=args.chunk,
+        max_prefill_tokens=args.max_prefill_tokens,
+        mamba_ratio=args.mamba_ratio,
+        snapshot_slots=args.snapshot_slots,
+        tail_tap=args.tail_tap,
+        taps_per_request=args.taps_per_request,
+        tap_ladder=args.tap_ladder,
+        tap_min_gap=args.tap_min_gap,
+        hybrid_page_size=args.hybrid_page_size,
+        model_dir=args.model_dir,
+        progress=args.progress,
+    )
+
+
+def cmd_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    from .driver import replay
+    from .report import SweepPoint, markdown, write_report
+
+    caches = [c.strip() for c in args.caches.split(",") if c.strip()]
+    unknown = [c for c in caches if c not in CACHES]
+    if unknown or not caches:
+        raise SystemExit(f"--caches: unknown {unknown}; choose from {', '.join(CACHES)}")
+    trace = load_trace(args.trace, args)
+    meta = {
+        "title": args.title or f"{trace.name} replay",
+        "command": f"{PROG} " + shlex.join(argv),
+        "date": datetime.date.today().isoformat(),
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.platform()}",
+        "trace": f"{trace.name} ({len(trace.requests)} requests, "
+        f"{sum(r.n for r in trace.requests):,} prompt tokens; {trace.source})",
+    }
+    sweep: list[SweepPoint] = []
+    for b in args.budget_gib:
+        settings = _settings(args, b)
+        point = SweepPoint(b, args.host_gib, {})
+        sweep.append(point)
+        for c in caches:
+            point.results[c] = replay(trace, c, settings)  # type: ignore[arg-type]
+            if args.out:  # after every run: a long sweep that fails later keeps what it did
+                write_report(sweep, args.out, meta)
+    if args.out:
+        print(f"wrote report.json, report.md, reuse_vs_budget.png, ttft_cdf.png to {args.out}")
+    print(markdown(sweep, meta))
+    return 0
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from .traces.sessions import write_sessions
+
+    trace = load_trace(args.kind, args)
+    path = write_sessions(trace, args.out)
+    print(f"wrote {len(trace.requests)} requests to {path}")
+    return 0
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from sglang_hybrid.index.presets import GEOMETRIES
+
+    from .budget import plan_pools
+
+    geometry = GEOMETRIES[args.geometry]
+    for b in args.budget_gib:
+        print(f"budget {b:g} GiB device + {args.host_gib:g} GiB host, {geometry.name}:")
+        for cache in CACHES:
+            plan = plan_pools(
+                cache,
+                device_bytes=int(b * GIB),
+                host_bytes=int(args.host_gib * GIB),
+                geometry=geometry,
+                max_running=args.max_running,
+                mamba_ratio=args.mamba_ratio,
+                snapshot_slots=args.snapshot_slots,
+            )
+            print("  " + plan.describe(geometry))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG, description="Trace-replay benchmark of prefix caches (SGLang scheduler, CPU)."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="replay a trace against caches and report")
+    run.add_argument(
+        "--trace",
+        required=True,
+        help="mooncake:PATH, sessions:PATH, agent or shared-prefix",
+    )
+    run.add_argument(
+        "--caches",
+        default=",".join(CACHES),
+        help=f"comma-separated, from {', '.join(CACHES)} (default all)",
+    )
+    _engine_args(run)
+    run.add_argument("--out", default=None, help="directory for report.json, report.md, PNGs")
+    run.add_argument("--title", default=None)
+    _trace_args(run)
+    _budget_args(run)
+
+    gen = sub.add_parser("generate", help="write a generated workload as a session trace")
+    gen.add_argument("kind", choices=("agent", "shared-prefix"))
+    gen.add_argument("--out", required=True)
+    _trace_args(gen)
+
+    plan = sub.add_parser("plan", help="print how budgets map to each cache's pools")
+    _budget_args(plan)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    if args.command == "run":
+        return cmd_run(args, argv)
+    if args.command == "generate":
+        return cmd_generate(args)
+    return cmd_plan(args)

@@ -1,0 +1,183 @@
+"""Reports of a replay sweep: JSON, a markdown table and PNG plots.
+
+Contract: ``write_report(sweep, out_dir, meta) -> ReportFiles`` writes
+
+- ``report.json``: the metadata (title, exact command, date, machine, trace, settings), and for
+  every budget point and cache the pool plan, the summary (prompt, reused and computed prefill
+  tokens, host bytes restored, modelled TTFT p50/p95/mean, makespan), a per-tag breakdown and
+  loop counters;
+- ``report.md``: the pool mapping and a results table per budget, with each cache's computed
+  prefill relative to SGLang's built-in cache (``no_buffer``) and to the oracle;
+- ``reuse_vs_budget.png`` (prefill tokens computed and reuse fraction against the device budget,
+  one line per cache) and ``ttft_cdf.png`` (modelled TTFT CDFs, one panel per budget).
+
+``markdown(sweep, meta)`` returns the markdown text alone. Figures are drawn with
+``matplotlib.figure.Figure`` (no pyplot state).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from .results import CacheSummary, ReplayResult
+
+
+class SweepPoint(NamedTuple):
+    device_gib: float
+    host_gib: float
+    results: dict[str, ReplayResult]  # by cache, in run order
+
+
+class ReportFiles(NamedTuple):
+    json: Path
+    markdown: Path
+    reuse_plot: Path
+    ttft_plot: Path
+
+
+def _num(x: float) -> float | None:
+    return None if isinstance(x, float) and math.isnan(x) else x
+
+
+def _summary_dict(s: CacheSummary) -> dict[str, Any]:
+    d = {k: _num(v) for k, v in s._asdict().items()}
+    d["reuse_fraction"] = s.reuse_fraction
+    return d
+
+
+def to_json(sweep: list[SweepPoint], meta: dict[str, Any]) -> dict[str, Any]:
+    points = []
+    for p in sweep:
+        runs = []
+        for cache, r in p.results.items():
+            runs.append(
+                {
+                    "cache": cache,
+                    "plan": r.plan._asdict(),
+                    "summary": _summary_dict(r.summary()),
+                    "by_tag": {t: _summary_dict(s) for t, s in r.by_tag().items()},
+                    "wall_s": r.wall_s,
+                    "passes": r.passes,
+                    "extend_passes": r.extend_passes,
+                    "decode_passes": r.decode_passes,
+                    "cache_stats": r.cache_stats,
+                    "notes": r.notes,
+                }
+            )
+        points.append({"device_gib": p.device_gib, "host_gib": p.host_gib, "runs": runs})
+    clock = next((r.clock for p in sweep for r in p.results.values()), {})
+    return {**meta, "clock": clock, "points": points}
+
+
+def _ratio(a: int, b: int | None) -> str:
+    return f"{a / b:.2f}" if b else "-"
+
+
+def _fmt_s(x: float) -> str:
+    return "-" if math.isnan(x) else f"{x:.2f}"
+
+
+def markdown(sweep: list[SweepPoint], meta: dict[str, Any]) -> str:
+    lines = [f"### {meta.get('title', 'Replay')}", ""]
+    if meta.get("command"):
+        lines += ["```", str(meta["command"]), "```", ""]
+    facts = [f"{k}: {meta[k]}" for k in ("date", "machine", "trace") if meta.get(k)]
+    if facts:
+        lines += ["; ".join(facts), ""]
+    for p in sweep:
+        host = f" + {p.host_gib:g} GiB host" if p.host_gib else ""
+        lines += [f"#### Budget {p.device_gib:g} GiB device{host}", ""]
+        lines += ["| cache | KV tokens | state slots | max running | snapshot slots |"]
+        lines += ["|---|---:|---:|---:|---:|"]
+        for cache, r in p.results.items():
+            pl = r.plan
+            snap = str(pl.snapshot_slots) if cache == "hybrid" else "-"
+            lines.append(
+                f"| {cache} | {pl.kv_tokens:,} | {pl.state_slots} | {pl.max_running} | {snap} |"
+            )
+        lines += [""]
+        sums = {c: r.summary() for c, r in p.results.items()}
+        base = sums.get("no_buffer")
+        oracle = sums.get("oracle")
+        lines += [
+            "| cache | prompt tokens | reused | prefill computed | vs no_buffer | vs oracle "
+            "| host bytes restored | TTFT p50 (s) | TTFT p95 (s) | wall (s) |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for cache, s in sums.items():
+            lines.append(
+                f"| {cache} | {s.prompt_tokens:,} | {s.reused_tokens:,} "
+                f"({s.reuse_fraction:.1%}) | {s.prefill_tokens:,} "
+                f"| {_ratio(s.prefill_tokens, base.prefill_tokens if base else None)} "
+                f"| {_ratio(s.prefill_tokens, oracle.prefill_tokens if oracle else None)} "
+                f"| {s.host_bytes_restored:,} | {_fmt_s(s.ttft_p50_s)} | {_fmt_s(s.ttft_p95_s)} "
+                f"| {p.results[cache].wall_s:.0f} |"
+            )
+        notes = [f"- {c}: {n}" for c, r in p.results.items() for n in r.notes[:5]]
+        lines += ["", *notes, ""] if notes else [""]
+    return "\n".join(lines)
+
+
+def _reuse_plot(sweep: list[SweepPoint], path: Path) -> None:
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(10, 4))
+    ax1, ax2 = fig.subplots(1, 2)
+    caches = list(dict.fromkeys(c for p in sweep for c in p.results))
+    for cache in caches:
+        xs = [p.device_gib for p in sweep if cache in p.results]
+        sums = [p.results[cache].summary() for p in sweep if cache in p.results]
+        ax1.plot(xs, [s.prefill_tokens / 1e6 for s in sums], marker="o", label=cache)
+        ax2.plot(xs, [s.reuse_fraction * 100 for s in sums], marker="o", label=cache)
+    for ax, label in ((ax1, "prefill tokens computed (M)"), (ax2, "prompt tokens reused (%)")):
+        ax.set_xlabel("device budget (GiB, modelled geometry)")
+        ax.set_ylabel(label)
+        if len(sweep) > 1:
+            ax.set_xscale("log", base=2)
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def _ttft_plot(sweep: list[SweepPoint], path: Path) -> None:
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(4.5 * len(sweep), 4))
+    axes = fig.subplots(1, len(sweep), squeeze=False)[0]
+    for ax, p in zip(axes, sweep):
+        for cache, r in p.results.items():
+            t = sorted(x for rec in r.records if (x := rec.ttft_s) is not None)
+            if t:
+                ax.plot(t, [(i + 1) / len(t) for i in range(len(t))], label=cache)
+        ax.set_xscale("log")
+        ax.set_xlabel("modelled TTFT (s)")
+        ax.set_ylabel("fraction of requests")
+        ax.set_title(
+            f"{p.device_gib:g} GiB" + (f" + {p.host_gib:g} GiB host" if p.host_gib else "")
+        )
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def write_report(
+    sweep: list[SweepPoint], out_dir: str | os.PathLike[str], meta: dict[str, Any]
+) -> ReportFiles:
+    if not sweep:
+        raise ValueError("nothing to report: the sweep is empty")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    files = ReportFiles(
+        out / "report.json", out / "report.md", out / "reuse_vs_budget.png", out / "ttft_cdf.png"
+    )
+    files.json.write_text(json.dumps(to_json(sweep, meta), indent=1, sort_keys=False) + "\n")
+    files.markdown.write_text(markdown(sweep, meta) + "\n")
+    _reuse_plot(sweep, files.reuse_plot)
+    _ttft_plot(sweep, files.ttft_plot)
+    return files

@@ -1,0 +1,68 @@
+import numpy as np
+
+from sglang_hybrid import cli as top
+from sglang_hybrid.replay import cli
+from sglang_hybrid.replay.generators.workload import agent_workload
+from sglang_hybrid.replay.traces.sessions import load_sessions
+
+
+def test_plan_prints_each_cache(capsys):
+    assert cli.main(["plan", "--budget-gib", "16", "--geometry", "qwen3-next-80b"]) == 0
+    out = capsys.readouterr().out
+    for cache in ("hybrid", "no_buffer", "extra_buffer", "oracle"):
+        assert f"  {cache}: " in out
+    assert "snapshot slots" in out
+
+
+def test_generate_writes_the_workload_it_replays(tmp_path, capsys):
+    path = tmp_path / "agent.jsonl"
+    argv = ["generate", "agent", "--out", str(path), "--sessions", "2", "--seed", "7"]
+    assert cli.main(argv) == 0
+    back = load_sessions(path)
+    want = agent_workload(sessions=2, seed=7)
+    assert [r.rid for r in back.requests] == [r.rid for r in want.requests]
+    assert all(
+        np.array_equal(a.input_ids, b.input_ids) for a, b in zip(back.requests, want.requests)
+    )
+
+
+def test_top_level_dispatch(capsys):
+    assert top.main(["replay", "plan", "--budget-gib", "8"]) == 0
+    assert "budget 8 GiB" in capsys.readouterr().out
+    assert top.main(["bogus"]) == 2
+    assert top.main([]) == 2
+    assert top.main(["--help"]) == 0
+
+
+def test_run_writes_a_report(tmp_path, capsys, qwen3_next_dir, small_agent_trace):
+    from sglang_hybrid.replay.traces.sessions import write_sessions
+
+    trace = write_sessions(small_agent_trace.requests[:12], tmp_path / "t.jsonl")
+    out = tmp_path / "report"
+    argv = [
+        "run",
+        "--trace",
+        f"sessions:{trace}",
+        "--caches",
+        "oracle",
+        "--budget-gib",
+        "4",
+        "--max-running",
+        "8",
+        "--chunk",
+        "256",
+        "--max-prefill-tokens",
+        "512",
+        "--model-dir",
+        str(qwen3_next_dir),
+        "--out",
+        str(out),
+        "--no-progress",
+    ]
+    assert cli.main(argv) == 0
+    text = capsys.readouterr().out
+    prompt = sum(r.n for r in small_agent_trace.requests[:12])
+    assert f"| oracle | {prompt:,} |" in text
+    md = (out / "report.md").read_text()
+    assert "sglang-hybrid replay run --trace sessions:" in md
+    assert (out / "report.json").exists() and (out / "ttft_cdf.png").exists()
