@@ -9,7 +9,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv test lint demo bench-index stress-index clean-venv
+.PHONY: venv test lint demo bench-index stress-index bench-replay clean-venv
 
 venv: $(STAMP)
 
@@ -28,13 +28,17 @@ lint: $(STAMP)
 test: $(STAMP) lint
 	$(PY) -m pytest -q
 
-# Until the CPU server demo lands, the main job we can show is the index benchmark.
+# SGLang's server on the CPU with --radix-cache hybrid, then its built-in cache, then none,
+# replaying an embedded agent session (python -m sglang_hybrid.demo --help for options).
 demo: $(STAMP)
-	@echo "make demo: the CPU server demo is not built yet; running the index benchmark instead."
-	$(PY) benchmark/index/bench_index.py
+	$(PY) -m sglang_hybrid.demo --out out/demo
 
 bench-index: $(STAMP)
 	$(PY) benchmark/index/bench_index.py --repeat 7 --json docs/results/index-bench.json
+
+# The trace-replay results of docs/benchmarks.md (each NAME: benchmark/replay/bench_replay.py --help).
+bench-replay: $(STAMP)
+	$(PY) benchmark/replay/bench_replay.py agent
 
 stress-index: $(STAMP)
 	$(PY) -m pytest -q test/index/test_random_ops.py --index-ops 400000

@@ -80,8 +80,9 @@ RUNS: dict[str, list[str]] = {
         "32",
         f"--caches={ALL}",
     ],
-    # Exploration, not a default: the hybrid backend with a denser tap ladder on the stretched
-    # Mooncake trace (its taps are the knob that decides hint-less traffic).
+    # Exploration, not a default: the hybrid backend with a denser tap ladder and four taps per
+    # prompt on the stretched Mooncake trace (its taps are the knob that decides hint-less
+    # traffic); "agent-ladder" checks the same options on the agent workload.
     "mooncake-x4-ladder": [
         f"--trace=mooncake:{MOONCAKE}",
         "--time-scale=4",
@@ -92,7 +93,22 @@ RUNS: dict[str, list[str]] = {
         "--caches=hybrid",
         "--tap-ladder=4096",
         "--tap-min-gap=1024",
-        "--taps-per-request=8",
+        "--taps-per-request=4",
+    ],
+    "agent-ladder": [
+        "--trace=agent",
+        "--sessions=24",
+        "--geometry=qwen3.5-27b",
+        "--device=h200",
+        "--budget-gib",
+        "16",
+        "32",
+        "64",
+        "128",
+        "--caches=hybrid",
+        "--tap-ladder=4096",
+        "--tap-min-gap=1024",
+        "--taps-per-request=4",
     ],
     # Host tier on: hybrid gets 16 GiB device + 48 GiB host, SGLang's caches 64 GiB device.
     "agent-host": [

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from sglang_hybrid.cpu.worker import CpuTpWorker, CpuWorkerUnsupported
+from sglang_hybrid.cpu.errors import CpuWorkerUnsupported
+from sglang_hybrid.cpu.worker import CpuTpWorker
 
 
 def _public_methods_of_sglang_tp_worker() -> set[str]:

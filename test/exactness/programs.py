@@ -196,6 +196,11 @@ def identical_together(chat: Chat, rng: random.Random) -> Program:
     yield Wave([Req(f"it-{i}", prompt + [7, 8, 9], 6) for i in range(8)])
 
 
+def new_prefix_together(chat: Chat, rng: random.Random) -> Program:
+    shared = toks(rng, 700)  # nobody has computed it: the first one's state is waited for
+    yield Wave([Req(f"np-{i}", shared + toks(rng, 40), 6) for i in range(6)])
+
+
 def host_only_restore(chat: Chat, rng: random.Random) -> Program:
     prompt = toks(rng, 400)
     results = yield Wave([Req("ho-1", prompt, 80)])
@@ -222,6 +227,7 @@ PROGRAMS = {
     "deep_edit": deep_edit,
     "shared_preamble": shared_preamble,
     "identical_together": identical_together,
+    "new_prefix_together": new_prefix_together,
     "host_only_restore": host_only_restore,
     "cancel_mid_prefill": cancel_mid_prefill,
     "disabled_request": disabled_request,

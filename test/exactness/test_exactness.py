@@ -116,6 +116,14 @@ def test_identical_prompts_arriving_together(suite, config: str) -> None:
         assert suite[config].cache["identical_together"]["restored_blocks"] == 7
 
 
+@pytest.mark.parametrize("config", HYBRID)
+def test_a_new_prefix_arriving_together_is_computed_once(suite, config: str) -> None:
+    # Spec §12.2: five wait for the first one's snapshot at the divergence (700 -> 640).
+    got = sorted(cached(suite, config, f"np-{i}") for i in range(6))
+    assert got == [0] + [640] * 5
+    same_tokens(suite, config, "np-")
+
+
 def test_host_only_restore_equals_a_device_resume(suite) -> None:
     host, dev = suite["hybrid+host"], suite["hybrid"]
     end = len(host.asked["ho-1"].ids) + 80 - 1

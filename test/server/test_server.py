@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import random
+from pathlib import Path
 
 import pytest
 
@@ -208,3 +210,29 @@ def test_live_replay_client_against_the_server(hybrid_server: CpuServer) -> None
     assert by["b"].sent_at_s >= by["a"].sent_at_s + by["a"].latency_s  # closed loop honoured
     assert all(r.completion_tokens == 4 and 0 < r.ttft_s <= r.latency_s for r in results)
     assert summarize(results)["failed"] == 0
+
+
+def test_the_live_cli_replays_the_demo_session(hybrid_server: CpuServer, tmp_path: Path) -> None:
+    from sglang_hybrid.replay.cli import main
+
+    out = tmp_path / "live.json"
+    argv = ["live", "--url", hybrid_server.url, "--trace", "demo-session", "--max-tokens", "4"]
+    assert main([*argv, "--concurrency", "1", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    by = {r["rid"]: r for r in report["requests"]}
+    assert len(by) == 9 and report["summary"]["failed"] == 0
+    # A retry resends the same prompt: everything but the last token comes from the prompt tail.
+    retry = by["main-4-retry"]
+    assert retry["cached_tokens"] >= retry["prompt_tokens"] - 64
+    # The subagent shares the system + tools preamble (~94% of its prompt) and diverges inside a
+    # block, right after it: the structural tap there serves it.
+    assert by["sub-1"]["cached_tokens"] >= 0.8 * by["sub-1"]["prompt_tokens"]
+    assert all(r["completion_tokens"] == 4 for r in by.values())
+
+
+def test_the_live_cli_names_an_unreachable_server(capsys: pytest.CaptureFixture[str]) -> None:
+    from sglang_hybrid.replay.cli import main
+
+    argv = ["live", "--url", "http://127.0.0.1:9", "--trace", "shared-prefix"]
+    assert main([*argv, "--gsp-num-groups", "1", "--gsp-prompts-per-group", "2"]) == 2
+    assert "127.0.0.1:9" in capsys.readouterr().err

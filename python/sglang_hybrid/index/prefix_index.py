@@ -61,6 +61,9 @@ class IndexStats:
     host_superseded_evicted: int = 0
     host_gdsf_evicted: int = 0
     image_writes_refused: int = 0
+    # Counted by the backend's coalescer (spec §12.2): requests held, and passes they were held.
+    coalesce_waiters: int = 0
+    coalesce_holds: int = 0
 
 
 class PrefixIndex:
@@ -271,7 +274,9 @@ class PrefixIndex:
             skip_opener=source is not None and source.kind is SnapshotKind.ENDPOINT,
         )
 
-    def reserve_slot(self, lane: Lane, frontier: int, kind: SnapshotKind) -> int | None:
+    def reserve_slot(
+        self, lane: Lane, frontier: int, kind: SnapshotKind, demand: int = 0
+    ) -> int | None:
         """A device snapshot slot for the lane's next snapshot, or None (skip it, §9.2).
 
         The lane's lineage (the snapshot it resumed from; its previous tap when this is a tap) is
@@ -291,7 +296,9 @@ class PrefixIndex:
             ),
             default=0,
         )
-        estimate = self.valuer.estimate(self.L, base, frontier, frontier % BLOCK_TOKENS != 0)
+        estimate = self.valuer.estimate(
+            self.L, base, frontier, frontier % BLOCK_TOKENS != 0, demand
+        )
         choice = self.slots.choose(estimate, superseding=lineage)
         if choice is None:
             self.stats.skipped_no_slot += 1
@@ -330,8 +337,11 @@ class PrefixIndex:
         *,
         tail_device: object | None = None,
         tail_device_tokens: int = 0,
+        demand: int = 0,
     ) -> Snapshot | None:
         """Publish the state in staging ``slot`` at ``frontier`` (§7.4, §7.7).
+
+        ``demand``: waiting requests known to resume here (§12.2), valued as hits until they do.
 
         The lane must have committed every full block below the frontier; a partial last block
         needs ``tail_device`` (a cache-owned copy of its KV). A duplicate (same anchor and tail) is
@@ -349,6 +359,9 @@ class PrefixIndex:
         for s in anchor.snapshots or ():
             if s.tail == tail:
                 s.last_hit_tick = self.tick
+                if demand:
+                    s.demand += demand
+                    self.valuer.recost(s)
                 self.stats.duplicate_publications += 1
                 self.cancel_slot(slot, lane)
                 return None
@@ -361,6 +374,7 @@ class PrefixIndex:
             s.tail_device_tokens = tail_device_tokens
             self.device_tokens += tail_device_tokens
         s.l_at, s.last_hit_tick = self.L, self.tick
+        s.demand = demand
         owner = self._add_retained(s)  # before s is listed: the owner is someone else
         if anchor.snapshots is None:
             anchor.snapshots = []
@@ -429,6 +443,8 @@ class PrefixIndex:
         return recost, resize
 
     def _hit(self, s: Snapshot) -> None:
+        if s.demand:
+            s.demand -= 1  # an expected hit came: it moves from demand to hits
         s.hits += 1
         s.l_at = self.L
         s.last_hit_tick = self.tick

@@ -44,8 +44,9 @@ class Snapshot:
     restore_pins: int = 0  # copies reading this snapshot (COW into a lane, restore, write)
     superseded: bool = False
     superseded_tick: int = 0
-    # GDSF (§9.3): H = l_at + (1 + hits) * cost / size
+    # GDSF (§9.3): H = l_at + (1 + hits + demand) * cost / size
     hits: int = 0
+    demand: int = 0  # waiting requests known to resume here (§12.2): hits that have not come yet
     l_at: float = 0.0
     cost: float = 0.0
     size: float = 0.0

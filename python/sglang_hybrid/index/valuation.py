@@ -1,6 +1,6 @@
 """Snapshot links and GDSF valuation (spec §9.3).
 
-H(s) = L_s + (1 + hits) * C(s) / Z(s)
+H(s) = L_s + (1 + hits + demand) * C(s) / Z(s)
 C(s) = prefill_seconds(base=F_a, tokens=F_s - F_a) - restore_seconds(image), clamped at 0,
        a = the nearest retained (not superseded) snapshot above s on its path, or the root
 Z(s) = image bytes + tail bytes + exclusive path bytes: host bytes of the path nodes below which
@@ -178,7 +178,7 @@ class Valuer:
             + (self.slab_bytes if s.has_tail else 0)
             + exclusive_path_bytes(s, self.slab_bytes)
         )
-        return c, z, s.l_at + (1 + s.hits) * c / z
+        return c, z, s.l_at + (1 + s.hits + s.demand) * c / z
 
     def revalue(self, s: Snapshot) -> None:
         s.cost, s.size, s.h = self.values(s)
@@ -188,11 +188,14 @@ class Valuer:
         a = nearest_retained_above(s)
         base = a.frontier if a is not None else 0
         s.cost = max(0.0, self.cost.prefill_seconds(base, s.frontier - base) - self.restore_image_s)
-        s.h = s.l_at + (1 + s.hits) * s.cost / s.size
+        s.h = s.l_at + (1 + s.hits + s.demand) * s.cost / s.size
 
-    def estimate(self, l_now: float, base: int, frontier: int, has_tail: bool) -> float:
-        """H of a snapshot about to be published: no hits, the blocks since ``base`` its own."""
+    def estimate(
+        self, l_now: float, base: int, frontier: int, has_tail: bool, demand: int = 0
+    ) -> float:
+        """H of a snapshot about to be published: no hits yet (``demand`` requests are known to
+        be waiting for it, §12.2), the blocks since ``base`` its own."""
         c = max(0.0, self.cost.prefill_seconds(base, frontier - base) - self.restore_image_s)
         own_blocks = frontier // BLOCK_TOKENS - base // BLOCK_TOKENS
         z = self.image_bytes + (self.slab_bytes if has_tail else 0) + own_blocks * self.slab_bytes
-        return l_now + c / z
+        return l_now + (1 + demand) * c / z

@@ -113,6 +113,7 @@ def scheduler_kwargs(
     max_prefill_tokens: int,
     context_length: int,
     tail_tap: str = "exact",
+    coalesce: bool = True,
     taps_per_request: int | None = None,
     tap_ladder: int | None = None,
     tap_min_gap: int | None = None,
@@ -137,6 +138,7 @@ def scheduler_kwargs(
             host_cache_mib=host_mib,
             device_snapshot_slots=plan.snapshot_slots,
             tail_tap=tail_tap,  # type: ignore[arg-type]
+            coalesce=coalesce,
             taps_per_request=taps_per_request,
             tap_ladder=tap_ladder,
             tap_min_gap=tap_min_gap,

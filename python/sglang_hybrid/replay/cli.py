@@ -9,6 +9,10 @@ Subcommands:
   generated-shared-prefix shape, ``--gsp-*``).
 - ``generate {agent,shared-prefix} --out FILE``: write a generated workload in the session format.
 - ``plan``: print how budgets map to each cache's pools.
+- ``live --url URL``: send a trace (``/generate`` with its token ids) or the demo's agent chat
+  session (``--trace demo-session``, chat completions) to a running SGLang-compatible server,
+  honouring arrivals, closed-loop dependencies and ``--concurrency``, streaming for TTFT and
+  reading the cached tokens it reports; ``--out FILE`` writes the results as JSON.
 
 Budgets are GiB of the modelled geometry (``--geometry``), whatever the CPU tensors weigh.
 """
@@ -140,6 +144,12 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     hy.add_argument("--tap-ladder", type=int, default=None)
     hy.add_argument("--tap-min-gap", type=int, default=None)
     hy.add_argument("--hybrid-page-size", type=int, default=None, help="default 1")
+    hy.add_argument(
+        "--coalesce",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="in-flight prefix coalescing (default on; --no-coalesce: as before it existed)",
+    )
     p.add_argument("--model-dir", default=None, help="tiny model directory (written if absent)")
     bar = p.add_mutually_exclusive_group()
     bar.add_argument("--progress", dest="progress", action="store_true", default=None)
@@ -164,6 +174,7 @@ def _settings(args: argparse.Namespace, budget_gib: float) -> object:
         tap_ladder=args.tap_ladder,
         tap_min_gap=args.tap_min_gap,
         hybrid_page_size=args.hybrid_page_size,
+        coalesce=args.coalesce,
         model_dir=args.model_dir,
         progress=args.progress,
     )
@@ -232,6 +243,56 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_live(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    import json
+    from dataclasses import asdict
+
+    from .errors import ReplayError
+    from .live import LiveResult, from_trace, run_replay, summarize
+
+    if args.trace == "demo-session":
+        from sglang_hybrid.demo.session import agent_session
+
+        reqs = agent_session(max_tokens=args.max_tokens, model=args.model)
+    else:
+        reqs = from_trace(load_trace(args.trace, args))  # /generate takes no model name
+    done = 0
+
+    def show(r: LiveResult) -> None:
+        nonlocal done
+        done += 1
+        line = (
+            f"[{done}/{len(reqs)}] {r.rid:<16} prompt {r.prompt_tokens:>7}, "
+            f"cached {r.cached_tokens:>7}, ttft {r.ttft_s * 1e3:8.0f} ms"
+        )
+        print(line + (f"  FAILED: {r.error}" if r.error else ""), flush=True)
+
+    print(f"{PROG} live: {len(reqs)} requests to {args.url} (concurrency {args.concurrency})")
+    try:
+        results = run_replay(args.url, reqs, concurrency=args.concurrency, on_result=show)
+    except ReplayError as e:
+        print(f"{PROG} live: {e}", file=sys.stderr)
+        return 2
+    summary = summarize(results)
+    print(
+        f"prompt {summary['prompt_tokens']:,} tokens, cached {summary['cached_tokens']:,} "
+        f"({summary['reuse']:.1%}), prefilled {summary['prefilled_tokens']:,}; "
+        f"TTFT p50 {summary['ttft_p50_s'] * 1e3:.0f} ms; {summary['failed']} failed"
+    )
+    if args.out:
+        out = {
+            "command": f"{PROG} " + shlex.join(argv),
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "url": args.url,
+            "summary": summary,
+            "requests": [asdict(r) for r in results],
+        }
+        with open(args.out, "w") as f:
+            json.dump(out, f, indent=1)
+        print(f"wrote {args.out}")
+    return 0 if summary["failed"] == 0 else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG, description="Trace-replay benchmark of prefix caches (SGLang scheduler, CPU)."
@@ -262,6 +323,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     plan = sub.add_parser("plan", help="print how budgets map to each cache's pools")
     _budget_args(plan)
+
+    live = sub.add_parser("live", help="send a trace to a running SGLang-compatible server")
+    live.add_argument("--url", required=True, help="the server, e.g. http://127.0.0.1:30000")
+    live.add_argument(
+        "--trace",
+        required=True,
+        help="mooncake:PATH, sessions:PATH, agent, shared-prefix (token ids to /generate) or "
+        "demo-session (make demo's agent session, chat completions)",
+    )
+    live.add_argument("--concurrency", type=int, default=8, help="requests in flight (8)")
+    live.add_argument("--model", default="default", help="chat: the model name sent (default)")
+    live.add_argument("--max-tokens", type=int, default=16, help="demo-session: tokens per turn")
+    live.add_argument("--out", default=None, help="write per-request results as JSON")
+    _trace_args(live)
     return parser
 
 
@@ -272,4 +347,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return cmd_run(args, argv)
     if args.command == "generate":
         return cmd_generate(args)
+    if args.command == "live":
+        return cmd_live(args, argv)
     return cmd_plan(args)

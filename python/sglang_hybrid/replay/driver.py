@@ -74,6 +74,7 @@ class ReplaySettings:
     tap_ladder: int | None = None  # hybrid's --hybrid-tap-ladder
     tap_min_gap: int | None = None  # hybrid's --hybrid-tap-min-gap
     hybrid_page_size: int | None = None  # None: caches.PAGE_SIZE
+    coalesce: bool = True  # the hybrid backend's in-flight prefix coalescing (spec §12.2)
     model_dir: str | None = None  # the tiny model; written once under the cache dir if unset
     progress: bool | None = None  # None: a bar when stderr is a terminal
 
@@ -122,6 +123,7 @@ def replay(trace: Trace, cache: str, settings: ReplaySettings) -> ReplayResult:
         max_prefill_tokens=settings.max_prefill_tokens,
         context_length=-(-(longest + 64) // 64) * 64,
         tail_tap=settings.tail_tap,
+        coalesce=settings.coalesce,
         taps_per_request=settings.taps_per_request,
         tap_ladder=settings.tap_ladder,
         tap_min_gap=settings.tap_min_gap,

@@ -51,6 +51,7 @@ from ..index import (
 from ..index.admission import Readiness, quote
 from ..store.device import DevicePools, handle_to_slots, handles_to_slots, slots_to_handle
 from ..store.layout import build_layout
+from .coalesce import Coalescer
 from .flags import HybridOptions
 from .hints import tap_hints
 from .host_tier import HostTier
@@ -92,6 +93,7 @@ class HybridRadixCache(BasePrefixCache):
         self.root_node = MatchHandle(None, None, 0)
         self._slot_ids: list[int] = []  # index snapshot slot -> MambaPool slot id
         self.host: HostTier | None = None
+        self.coalescer = Coalescer(self) if options.coalesce and not self.disable else None
         self.index = self._new_index()
         self._reserve_slots()
         if getattr(params, "enable_metrics", False):
@@ -273,9 +275,8 @@ class HybridRadixCache(BasePrefixCache):
         if not state.enabled or n < 2:
             state.cuts, state.flexible = [], []
             return
-        taps = self.index.plan_taps(
-            key.prefix(n) if key.n > n else key, m, source, tap_hints(req, n), n=n
-        )
+        pkey = key.prefix(n) if key.n > n else key
+        taps = self.index.plan_taps(pkey, m, source, tap_hints(req, n), n=n)
         exact_tail = self.options.tail_tap == "exact"
         state.cuts = [
             t.position for t in taps if t.exact or (exact_tail and t.source is TapSource.TAIL)
@@ -283,6 +284,14 @@ class HybridRadixCache(BasePrefixCache):
         state.flexible = [t.position for t in taps if t.position not in state.cuts]
         state.boundary = {t.position for t in taps if t.boundary}
         state.taken = set()
+        state.demand = {}
+        if self.coalescer is not None:  # where waiting requests will resume (spec §12.2)
+            base = source.frontier if source is not None else 0
+            state.demand = self.coalescer.cuts_for(req.rid, pkey, base)
+            if state.demand:
+                state.cuts = sorted({*state.cuts, *state.demand})
+                state.flexible = [p for p in state.flexible if p not in state.demand]
+                state.boundary.update(state.demand)
 
     # ================================================================ lock
     def inc_lock_ref(self, node: Any) -> IncLockRefResult:
@@ -463,15 +472,23 @@ class HybridRadixCache(BasePrefixCache):
             return
         state.taken.update(due)
         kind = SnapshotKind.BOUNDARY if any(p in state.boundary for p in due) else SnapshotKind.TAP
-        self._take_snapshot(req, lane, key, row, up_to, kind)
+        demand = max((state.demand.get(p, 0) for p in due), default=0)
+        self._take_snapshot(req, lane, key, row, up_to, kind, demand)
 
     def _take_snapshot(
-        self, req: Any, lane: Any, key: Any, row: torch.Tensor, frontier: int, kind: SnapshotKind
+        self,
+        req: Any,
+        lane: Any,
+        key: Any,
+        row: torch.Tensor,
+        frontier: int,
+        kind: SnapshotKind,
+        demand: int = 0,
     ) -> Snapshot | None:
         tail = self._copy_request_tail(row, frontier) if frontier % BLOCK_TOKENS else None
         if frontier % BLOCK_TOKENS and tail is None:
             return None  # no KV room for the tail: skip the tap (§9.2: snapshots are optional)
-        slot = self.index.reserve_slot(lane, frontier, kind)
+        slot = self.index.reserve_slot(lane, frontier, kind, demand)
         if slot is None:
             if tail is not None:
                 self.token_to_kv_pool_allocator.free(tail)
@@ -485,6 +502,7 @@ class HybridRadixCache(BasePrefixCache):
             kind,
             tail_device=slots_to_handle(tail) if tail is not None else None,
             tail_device_tokens=0 if tail is None else int(tail.numel()),
+            demand=demand,
         )
         if s is None and tail is not None:  # a duplicate: the tail copy stays ours to free
             self.token_to_kv_pool_allocator.free(tail)
@@ -608,6 +626,8 @@ class HybridRadixCache(BasePrefixCache):
 
     # ================================================================ release
     def on_release(self, req: Any, *, checkpointed: bool) -> None:
+        if self.coalescer is not None:
+            self.coalescer.forget(req.rid)
         if not checkpointed:
             self._free_state_slot(req)
 

@@ -22,6 +22,7 @@ from ..index.config import FLAG_HOST, FLAG_LADDER, FLAG_MIN_GAP, FLAG_SLOTS, FLA
 BACKEND = "hybrid"
 ATTR = "_hybrid_options"
 FLAG_TAIL = "--hybrid-tail-tap"
+FLAG_COALESCE = "--hybrid-coalesce"
 
 
 @dataclass(slots=True)
@@ -32,6 +33,7 @@ class HybridOptions:
     tap_ladder: int | None = None
     tap_min_gap: int | None = None
     tail_tap: Literal["exact", "flexible"] = "exact"
+    coalesce: bool = True
     extra: dict[str, Any] = field(default_factory=dict)  # set by other layers (e.g. CPU worker)
 
 
@@ -96,6 +98,14 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         "pass; costs one short pass when no template opener absorbs it), 'flexible' only at a "
         "chunk boundary that reaches it (default exact).",
     )
+    g.add_argument(
+        FLAG_COALESCE,
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="In-flight prefix coalescing: a waiting request sharing a new prefix with an earlier "
+        "one waits for that one's snapshot at their divergence instead of prefilling the prefix "
+        "again (default on; --no-hybrid-coalesce turns it off).",
+    )
 
 
 def options_from_namespace(args: argparse.Namespace) -> HybridOptions:
@@ -106,6 +116,7 @@ def options_from_namespace(args: argparse.Namespace) -> HybridOptions:
         tap_ladder=args.hybrid_tap_ladder,
         tap_min_gap=args.hybrid_tap_min_gap,
         tail_tap=args.hybrid_tail_tap,
+        coalesce=args.hybrid_coalesce,
     )
 
 

@@ -53,7 +53,7 @@ def register() -> None:
     )
     HookRegistry.register(
         "sglang.srt.managers.scheduler.Scheduler._get_new_batch_prefill_raw",
-        _prefetch_for_blocked_head,
+        _around_prefill_pass,
         around,
     )
     HookRegistry.register(
@@ -137,11 +137,13 @@ def _before_chunked_abort(orig: Any, scheduler: Any, *args: Any, **kwargs: Any) 
     return orig(scheduler, *args, **kwargs)
 
 
-def _prefetch_for_blocked_head(orig: Any, scheduler: Any, *args: Any, **kwargs: Any) -> Any:
-    """After an admission pass, a head that could not start prefetches its host blocks (§6.6)."""
+def _around_prefill_pass(orig: Any, scheduler: Any, *args: Any, **kwargs: Any) -> Any:
+    """An admission pass with coalescing requests held out of it (§12.2, ``coalesce.py``); after
+    it, a head that could not start prefetches its host blocks (§6.6)."""
     from .cache import HybridRadixCache
+    from .coalesce import around_prefill_pass
 
-    result = orig(scheduler, *args, **kwargs)
+    result = around_prefill_pass(orig, scheduler, *args, **kwargs)
     cache = getattr(scheduler, "tree_cache", None)
     if isinstance(cache, HybridRadixCache) and cache.host is not None:
         queue = scheduler.waiting_queue

@@ -46,6 +46,7 @@ class ReqState:
     cuts: list[int] = field(default_factory=list)  # exact taps: a prefill pass ends here
     flexible: list[int] = field(default_factory=list)  # taken where a pass ends at or after
     boundary: set[int] = field(default_factory=set)  # positions published as Boundary
+    demand: dict[int, int] = field(default_factory=dict)  # position -> requests waiting for it
     taken: set[int] = field(default_factory=set)
     sources_unpinned: bool = False
     tail_copied: int = 0  # tokens of the source's tail copied into the request's own pages

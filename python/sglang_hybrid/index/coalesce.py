@@ -1,0 +1,169 @@
+"""In-flight prefix coalescing (spec §12.2): wait for a sibling's state instead of recomputing.
+
+Requests that arrive together with a *new* shared prefix (fan-out workers on one document,
+bench_serving's groups, subagents started at once) find nothing in the cache: each would prefill
+the shared prefix itself. Coalescing holds a later request while an earlier one (its *sibling*:
+being prefilled, or ahead of it in the waiting queue) computes the prefix and publishes a snapshot
+at the divergence; the held request is then admitted from that snapshot.
+
+``InflightPrefixes`` finds the sibling. Block lookup hashes are chained (``keys``), so a hash at
+depth b stands for the whole prefix of b + 1 blocks and "some earlier prompt has block b" is
+monotone in b: the deepest shared block is a binary search over dictionary probes, O(log n) per
+request after O(blocks) to index it. Hashes only select; the shared prefix is confirmed by
+comparing bytes before it is trusted.
+
+``coalesce_target`` decides (spec §12.2): the target is the block boundary floor(d / 64) * 64
+below the divergence d, at most n - 1 for both prompts; wait only when the sibling has not passed
+it yet and the prefill it saves is worth more than the extra pass the sibling's cut may cost.
+``PrefixDemand`` looks further ahead, beyond the spec: a multiset of the block hashes of every
+prompt in the waiting queue. When a request is planned, the deepest block boundary it shares with
+another waiting prompt is a place a later request provably resumes from, so it becomes an exact
+Boundary tap (the branch-point rule of ``taps.py`` with the queue as its evidence): the group's
+later members, admitted passes later, resume there instead of recomputing the shared prefix. A
+hash collision can only misplace such a tap, never produce a hit: hits compare bytes.
+
+Pure Python; the caller owns the scheduler side (holding requests, adding the sibling's cut).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Generic, NamedTuple, TypeVar
+
+from .cost import CostModel
+from .keys import BLOCK_BYTES, BLOCK_TOKENS, PromptKey
+
+T = TypeVar("T")
+
+
+class Shared(NamedTuple):
+    tokens: int  # a block multiple
+    others: int  # other waiting prompts holding that whole prefix
+
+
+class Sibling(NamedTuple):
+    owner: Any  # the caller's handle of the earlier request
+    key: PromptKey
+    shared: int  # tokens both prompts share, a multiple of 64
+
+
+class InflightPrefixes(Generic[T]):
+    """Prompts in flight, in admission order; ``sibling`` finds the earliest deepest sharer."""
+
+    def __init__(self) -> None:
+        self._first: dict[int, tuple[T, PromptKey]] = {}  # block hash -> first prompt holding it
+
+    def add(self, owner: T, key: PromptKey) -> None:
+        """Index ``key``'s full blocks (earlier prompts keep their entries)."""
+        first = self._first
+        for h in key.ensure_hashes(key.full_blocks):
+            first.setdefault(h, (owner, key))
+
+    def sibling(self, key: PromptKey) -> Sibling | None:
+        """The earlier prompt sharing the most full blocks with ``key`` (None: not one block)."""
+        blocks = key.full_blocks
+        if not blocks or not self._first:
+            return None
+        hashes, first = key.ensure_hashes(blocks), self._first
+        if hashes[0] not in first:
+            return None
+        lo, hi = 0, blocks - 1  # invariant: hashes[lo] is indexed
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if hashes[mid] in first:
+                lo = mid
+            else:
+                hi = mid - 1
+        owner, other = first[hashes[lo]]
+        end = (lo + 1) * BLOCK_BYTES
+        if key.data[:end] != other.data[:end]:
+            return None  # a hash collision: never trust it
+        return Sibling(owner, other, (lo + 1) * BLOCK_TOKENS)
+
+
+class PrefixDemand(Generic[T]):
+    """How many waiting prompts hold each block prefix; O(blocks) per add / discard."""
+
+    def __init__(self) -> None:
+        self._count: dict[int, int] = {}
+        self._keys: dict[T, PromptKey] = {}
+
+    def __contains__(self, owner: object) -> bool:
+        return owner in self._keys
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def owners(self) -> list[T]:
+        return list(self._keys)
+
+    def add(self, owner: T, key: PromptKey) -> None:
+        if owner in self._keys:
+            return
+        self._keys[owner] = key
+        count = self._count
+        for h in key.ensure_hashes(key.full_blocks):
+            count[h] = count.get(h, 0) + 1
+
+    def discard(self, owner: T) -> None:
+        key = self._keys.pop(owner, None)
+        if key is None:
+            return
+        count = self._count
+        for h in key.hashes[: key.full_blocks]:
+            c = count[h] - 1
+            if c:
+                count[h] = c
+            else:
+                del count[h]
+
+    def shared(self, key: PromptKey, *, self_counted: bool) -> Shared:
+        """The longest prefix ``key`` shares with at least one other waiting prompt."""
+        blocks = key.full_blocks
+        if not blocks:
+            return Shared(0, 0)
+        need = 2 if self_counted else 1
+        hashes, count = key.ensure_hashes(blocks), self._count
+        if count.get(hashes[0], 0) < need:
+            return Shared(0, 0)
+        lo, hi = 0, blocks - 1  # invariant: count[hashes[lo]] >= need (counts only fall with b)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if count.get(hashes[mid], 0) >= need:
+                lo = mid
+            else:
+                hi = mid - 1
+        return Shared((lo + 1) * BLOCK_TOKENS, count[hashes[lo]] - need + 1)
+
+
+def coalesce_target(
+    shared: int,
+    *,
+    n: int,
+    sibling_n: int,
+    sibling_done: int,
+    servable: int,
+    cost: CostModel,
+) -> int | None:
+    """The frontier to wait for, or None to admit now (spec §12.2).
+
+    ``shared``: tokens the prompts share (block multiple); ``n`` / ``sibling_n``: prompt lengths;
+    ``sibling_done``: tokens the sibling has computed; ``servable``: the frontier the cache can
+    resume this request from now.
+    """
+    target = min(shared, n - 1, sibling_n - 1)
+    target -= target % BLOCK_TOKENS
+    if target <= servable or target <= sibling_done:
+        return None  # nothing to gain, or the sibling is past it (its snapshot exists or never)
+    if not worth_a_split(cost, servable, target):
+        return None
+    return target
+
+
+def worth_a_split(cost: CostModel, base: int, target: int) -> bool:
+    """Whether resuming at ``target`` instead of ``base`` saves more than the extra pass a cut at
+    ``target`` may cost (the pass's fixed cost is paid either way, so it is left out)."""
+    s = target - base
+    if s <= 0:
+        return False
+    saved = cost.token_s * s + cost.pair_s * (base * s + s * (s + 1) / 2)
+    return saved > cost.chunk_s

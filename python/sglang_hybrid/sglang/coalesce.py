@@ -1,0 +1,197 @@
+"""In-flight prefix coalescing in SGLang's waiting queue (spec §12.2; decision: ``index/coalesce``).
+
+SGLang admits waiting requests in queue order, each matched against the tree as it stood after the
+previous pass, so requests arriving together with a new shared prefix each prefill it. Before every
+admission pass (an AROUND hook on ``Scheduler._get_new_batch_prefill_raw``) ``Coalescer.select``
+walks the chunked request and the head of the waiting queue in order and, for each waiting request
+whose prompt shares more with an earlier one than the cache can serve now, holds it out of the
+pass and gives the earlier one (its sibling) an exact, Boundary tap at the divergence. The
+sibling's pass then ends there (``chunking.py``), the snapshot publishes at its checkpoint, and in
+a later pass the held request matches it like any cached prefix.
+
+The whole waiting queue is also kept as a ``PrefixDemand`` (reconciled before each pass, O(queue)
+set work plus O(blocks) per request that arrives or leaves): when a request is planned, the deepest
+block boundary it shares with another waiting prompt becomes an exact Boundary tap, so the rest of
+its group, admitted passes later, resumes there (``demand_cut``).
+
+Held requests go back into the queue at their positions after the pass, so nothing behind them
+waits for them, and nothing is pinned or allocated while they wait. A request stops waiting as
+soon as the sibling's snapshot is servable, the sibling passes the target (its tap was skipped),
+finishes or leaves, or after ``MAX_HOLD_PASSES`` passes. Multimodal requests, requests in a
+namespace (LoRA, cache salt) and requests the cache does not insert never coalesce.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..index import BLOCK_TOKENS, PromptKey
+from ..index.coalesce import (
+    InflightPrefixes,
+    PrefixDemand,
+    Sibling,
+    coalesce_target,
+    worth_a_split,
+)
+from .request import ATTR, ReqState, token_bytes
+
+MAX_HOLD_PASSES = 64  # a safety net: a sibling publishes within a few passes
+
+
+class Coalescer:
+    def __init__(self, cache: Any) -> None:
+        self.cache = cache
+        # sibling rid -> {frontier its prefill must stop at: requests held for it}
+        self.cuts: dict[str, dict[int, int]] = {}
+        self.holds: dict[str, int] = {}  # held rid -> consecutive passes held
+        self.demand: PrefixDemand[str] = PrefixDemand()  # the waiting queue's prompts, by rid
+
+    # ------------------------------------------------------------ the pass
+    def select(self, scheduler: Any) -> list[Any]:
+        """The waiting requests to hold out of this admission pass (registers sibling cuts)."""
+        queue = scheduler.waiting_queue
+        self._reconcile(queue)
+        if not queue:
+            self.holds.clear()
+            return []
+        inflight: InflightPrefixes[Any] = InflightPrefixes()
+        chunked = getattr(scheduler, "chunked_req", None)
+        if chunked is not None and (key := self._key(chunked)) is not None:
+            inflight.add(chunked, key)
+        limit = max(1, 2 * int(getattr(scheduler, "max_running_requests", 32) or 32))
+        held: list[Any] = []
+        holds: dict[str, int] = {}
+        asked: dict[tuple[Any, int], int] = {}
+        for req in queue[:limit]:
+            key = self._key(req)
+            if key is None:
+                continue
+            sib = inflight.sibling(key)
+            target = self._target(key, sib, chunked) if sib is not None else None
+            passes = self.holds.get(req.rid, 0)
+            if target is not None and sib is not None and passes < MAX_HOLD_PASSES:
+                if not passes:
+                    self.cache.index.stats.coalesce_waiters += 1
+                self.cache.index.stats.coalesce_holds += 1
+                holds[req.rid] = passes + 1
+                held.append(req)
+                asked[sib.owner, target] = asked.get((sib.owner, target), 0) + 1
+            else:
+                inflight.add(req, key)  # a held request is never a sibling in its own pass
+        for (sibling, target), waiters in asked.items():
+            self._add_cut(sibling, target, waiters)
+        self.holds = holds
+        self._prune(scheduler)
+        return held
+
+    def _target(self, key: PromptKey, sib: Sibling, chunked: Any) -> int | None:
+        m = self.cache.index.match(key)
+        servable = m.best.frontier if m.best is not None else 0
+        sibling = sib.owner
+        done = int(getattr(sibling, "prefix_len", 0) or 0) if sibling is chunked else 0
+        return coalesce_target(
+            sib.shared,
+            n=key.n,
+            sibling_n=len(sibling.origin_input_ids),
+            sibling_done=done,
+            servable=servable,
+            cost=self.cache.cost,
+        )
+
+    def _add_cut(self, sibling: Any, target: int, waiters: int) -> None:
+        self.cuts.setdefault(sibling.rid, {})[target] = waiters
+        state: ReqState | None = getattr(sibling, ATTR, None)
+        if state is not None and state.enabled and target not in state.taken:
+            # Already planned (the chunked request, or matched in an earlier pass): its next
+            # chunk is sized against the cut; a waiting one is planned again when matched.
+            if target not in state.cuts:
+                state.cuts = sorted({*state.cuts, target})
+            state.boundary.add(target)
+            state.demand[target] = max(state.demand.get(target, 0), waiters)
+
+    def cuts_for(self, rid: str, key: PromptKey, base: int) -> dict[int, int]:
+        """Exact Boundary taps to add to the plan of ``rid`` (prompt ``key``, resuming at
+        ``base``), each with the requests known to wait for it: the cuts held requests asked of
+        it, and its demand cut."""
+        asked = {p: w for p, w in self.cuts.get(rid, {}).items() if base < p < key.n}
+        if len(self.demand):
+            shared = self.demand.shared(key, self_counted=rid in self.demand)
+            target = min(shared.tokens, key.n - 1)
+            target -= target % BLOCK_TOKENS
+            if worth_a_split(self.cache.cost, base, target):
+                asked[target] = max(asked.get(target, 0), shared.others)
+        return asked
+
+    def _reconcile(self, queue: list[Any]) -> None:
+        """Bring ``demand`` in line with the waiting queue: arrivals in, departures out."""
+        current = {r.rid: r for r in queue}
+        demand = self.demand
+        for rid in demand.owners():
+            if rid not in current:
+                demand.discard(rid)
+        if len(demand) == len(current):
+            return
+        for rid, req in current.items():
+            if rid not in demand and (key := self._key(req)) is not None:
+                demand.add(rid, key)
+
+    def forget(self, rid: str) -> None:
+        self.cuts.pop(rid, None)
+
+    def _prune(self, scheduler: Any) -> None:
+        """Drop cuts of requests that left without a release (aborted while waiting)."""
+        if len(self.cuts) <= 4 * max(1, len(scheduler.waiting_queue)) + 64:
+            return
+        alive = {r.rid for r in scheduler.waiting_queue}
+        batch = getattr(scheduler, "running_batch", None)
+        alive.update(r.rid for r in getattr(batch, "reqs", None) or ())
+        chunked = getattr(scheduler, "chunked_req", None)
+        if chunked is not None:
+            alive.add(chunked.rid)
+        self.cuts = {rid: c for rid, c in self.cuts.items() if rid in alive}
+
+    # ------------------------------------------------------------ keys
+    @staticmethod
+    def _key(req: Any) -> PromptKey | None:
+        """The prompt's key, kept on the request for its match; None: it never coalesces."""
+        if (
+            getattr(req, "multimodal_inputs", None) is not None
+            or getattr(req, "lora_id", None)
+            or getattr(req, "extra_key", None)
+            or getattr(req, "cache_salt", None)
+            or getattr(req, "skip_radix_cache_insert", False)
+        ):
+            return None
+        n = len(req.origin_input_ids)
+        state: ReqState | None = getattr(req, ATTR, None)
+        if state is None:
+            key = PromptKey(token_bytes(req.origin_input_ids, 0, n))
+            setattr(req, ATTR, ReqState(key=key, n_prompt=n, enabled=True))
+            return key
+        if state.key.namespace:
+            return None
+        return state.key if state.key.n == n else state.key.prefix(min(n, state.key.n))
+
+
+def around_prefill_pass(orig: Any, scheduler: Any, *args: Any, **kwargs: Any) -> Any:
+    """Hold coalescing requests out of the pass, run it, put them back in their places."""
+    from .cache import HybridRadixCache
+
+    cache = getattr(scheduler, "tree_cache", None)
+    if not isinstance(cache, HybridRadixCache) or cache.coalescer is None:
+        return orig(scheduler, *args, **kwargs)
+    held = cache.coalescer.select(scheduler)
+    if not held:
+        return orig(scheduler, *args, **kwargs)
+    order = list(scheduler.waiting_queue)
+    held_ids = {id(r) for r in held}
+    scheduler.waiting_queue = [r for r in order if id(r) not in held_ids]
+    try:
+        return orig(scheduler, *args, **kwargs)
+    finally:
+        left = scheduler.waiting_queue
+        left_ids = {id(r) for r in left}
+        known = {id(r) for r in order}
+        scheduler.waiting_queue = [r for r in order if id(r) in held_ids or id(r) in left_ids] + [
+            r for r in left if id(r) not in known
+        ]

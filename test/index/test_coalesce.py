@@ -1,0 +1,123 @@
+"""In-flight prefix coalescing decisions (spec §12.2) and the waiting queue's prefix demand."""
+
+from __future__ import annotations
+
+import random
+
+from sglang_hybrid.index import CostModel, PromptKey
+from sglang_hybrid.index.coalesce import InflightPrefixes, PrefixDemand, coalesce_target
+from sglang_hybrid.index.valuation import Valuer
+
+rng = random.Random(3)
+
+
+def toks(n: int) -> list[int]:
+    return [rng.randrange(10, 5000) for _ in range(n)]
+
+
+def key(ids: list[int], **kw: object) -> PromptKey:
+    return PromptKey.from_ids(ids, **kw)
+
+
+def test_the_earliest_deepest_sibling_is_found() -> None:
+    base = toks(640)
+    a, b = key(base[:300] + toks(100)), key(base + toks(10))
+    inflight: InflightPrefixes[str] = InflightPrefixes()
+    inflight.add("a", a)
+    inflight.add("b", b)
+    sib = inflight.sibling(key(base[:600] + toks(90)))
+    assert sib is not None and sib.owner == "b" and sib.shared == 576  # 9 full blocks
+    sib = inflight.sibling(key(base[:250] + toks(90)))
+    assert sib is not None and sib.owner == "a" and sib.shared == 192  # a came first
+    assert inflight.sibling(key(toks(500))) is None
+    assert inflight.sibling(key(base[:63])) is None  # no full block
+
+
+def test_a_hash_collision_is_never_trusted() -> None:
+    def constant(data: bytes, prev: int) -> int:  # every block collides
+        return 42
+
+    inflight: InflightPrefixes[str] = InflightPrefixes()
+    inflight.add("a", key(toks(256), hash_fn=constant))
+    assert inflight.sibling(key(toks(256), hash_fn=constant)) is None
+    same = toks(256)
+    inflight.add("b", key(same, hash_fn=constant))
+    # "a" holds every hash first, and its bytes differ: a collision, so no sibling at all.
+    assert inflight.sibling(key(same, hash_fn=constant)) is None
+
+
+def test_demand_counts_other_waiting_prompts() -> None:
+    base = toks(1000)
+    demand: PrefixDemand[str] = PrefixDemand()
+    keys = {f"r{i}": key(base[: 400 + 200 * i] + toks(30)) for i in range(3)}
+    for rid, k in keys.items():
+        demand.add(rid, k)
+    # r0 shares 384 tokens (6 full blocks of its 400) with r1 and r2.
+    assert demand.shared(keys["r0"], self_counted=True) == (384, 2)
+    # r2 shares 576 with r1 only (r1 holds 600 of the base: 9 full blocks).
+    assert demand.shared(keys["r2"], self_counted=True) == (576, 1)
+    demand.discard("r1")
+    assert demand.shared(keys["r2"], self_counted=True) == (384, 1)
+    assert demand.shared(key(base[:500]), self_counted=False) == (448, 1)  # r2 holds 7 blocks
+    demand.discard("r0")
+    demand.discard("r2")
+    demand.discard("r2")  # idempotent
+    assert len(demand) == 0 and demand.shared(keys["r2"], self_counted=False) == (0, 0)
+    assert not demand._count  # every count went back to zero and was dropped
+
+
+def test_the_target_rules() -> None:
+    cost = CostModel()
+    args = dict(n=1100, sibling_n=2000, sibling_done=0, servable=0, cost=cost)
+    assert coalesce_target(1000, **args) == 960  # floored to the block grid
+    assert coalesce_target(1000, **{**args, "n": 900}) == 896  # at most n - 1
+    assert coalesce_target(1000, **{**args, "sibling_n": 961}) == 960
+    assert coalesce_target(1000, **{**args, "sibling_n": 960}) == 896  # the sibling's n - 1
+    assert coalesce_target(1000, **{**args, "servable": 960}) is None  # nothing to gain
+    assert coalesce_target(1000, **{**args, "sibling_done": 1024}) is None  # sibling passed it
+    assert coalesce_target(1000, **{**args, "sibling_done": 512}) == 960
+    # Saving one block is not worth a split when a pass costs more than prefilling 64 tokens.
+    dear = CostModel(chunk_s=64 * CostModel().token_s * 1.5)
+    assert coalesce_target(128, **{**args, "servable": 64, "cost": dear}) is None
+    assert coalesce_target(128, **{**args, "servable": 64}) == 128
+
+
+def test_demand_is_valued_as_hits_until_they_come() -> None:
+    v = Valuer(CostModel(), image_bytes=1 << 20, slab_bytes=1 << 16)
+    plain = v.estimate(0.0, 0, 1024, False)
+    assert v.estimate(0.0, 0, 1024, False, demand=3) == 4 * plain
+
+
+def test_a_demanded_tap_wins_a_slot_and_its_demand_turns_into_hits() -> None:
+    from helpers import Device, key, make_index, run
+
+    from sglang_hybrid.index import SnapshotKind
+
+    idx, dev = make_index(slots=1), Device()
+    (e1,) = run(idx, dev, toks(1024))  # an endpoint worth 1024 / (1000 + 16 * 100)
+
+    def tap(ids: list[int], demand: int) -> object:
+        k = key(ids)
+        lane = idx.open_lane(idx.match(k), None)
+        idx.unpin_sources(lane)
+        idx.commit(lane, k, len(ids), lambda b: dev.new())
+        slot = idx.reserve_slot(lane, 448, SnapshotKind.BOUNDARY, demand)
+        s = None
+        if slot is not None:
+            s = idx.publish(lane, k, 448, slot, SnapshotKind.BOUNDARY, demand=demand)
+        idx.release(lane)
+        dev.collect(idx)
+        idx.check_integrity()
+        return s
+
+    assert tap(toks(512), 0) is None  # 448 / 1700 < 1024 / 1000: GDSF keeps the endpoint
+    shared = toks(512)
+    s = tap(shared, 3)  # three requests wait for it: worth four times as much, it takes the slot
+    assert s is not None and s.demand == 3 and e1.id not in idx.snapshots
+    m = idx.match(key(shared[:448] + toks(30)))
+    assert m.best is s
+    lane = idx.open_lane(m, s)  # the waiting request comes: its demand becomes a hit
+    assert (s.demand, s.hits) == (2, 1)
+    idx.unpin_sources(lane)
+    idx.release(lane)
+    idx.check_integrity()
