@@ -32,6 +32,7 @@ RUNS: dict[str, list[str]] = {
         "--budget-gib",
         "32",
         f"--caches={ALL}",
+        "--no-coalesce",  # recorded before coalescing existed (docs/benchmarks.md)
     ],
     # The same trace with arrivals stretched 4x (a quarter of the load), over budgets.
     "mooncake-x4": [
@@ -44,6 +45,7 @@ RUNS: dict[str, list[str]] = {
         "32",
         "64",
         f"--caches={ALL}",
+        "--no-coalesce",  # recorded before coalescing existed (docs/benchmarks.md)
     ],
     # Host tier on: hybrid gets 32 GiB device + 96 GiB host, SGLang's caches 128 GiB device.
     "mooncake-host": [
@@ -55,6 +57,7 @@ RUNS: dict[str, list[str]] = {
         "32",
         "--host-gib=96",
         f"--caches={ALL}",
+        "--no-coalesce",  # recorded before coalescing existed (docs/benchmarks.md)
     ],
     # The generated agent workload on a 27B-class hybrid, over budgets up to one that holds
     # its working set.
@@ -94,6 +97,7 @@ RUNS: dict[str, list[str]] = {
         "--tap-ladder=4096",
         "--tap-min-gap=1024",
         "--taps-per-request=4",
+        "--no-coalesce",  # recorded before coalescing existed (docs/benchmarks.md)
     ],
     "agent-ladder": [
         "--trace=agent",
@@ -109,6 +113,17 @@ RUNS: dict[str, list[str]] = {
         "--tap-ladder=4096",
         "--tap-min-gap=1024",
         "--taps-per-request=4",
+        "--no-coalesce",  # recorded before coalescing existed (docs/benchmarks.md)
+    ],
+    # The 32 GiB point of "mooncake-x4" for hybrid with in-flight coalescing (the default).
+    "mooncake-x4-coalesce": [
+        f"--trace=mooncake:{MOONCAKE}",
+        "--time-scale=4",
+        "--geometry=qwen3-next-80b",
+        "--device=h200",
+        "--budget-gib",
+        "32",
+        "--caches=hybrid",
     ],
     # Host tier on: hybrid gets 16 GiB device + 48 GiB host, SGLang's caches 64 GiB device.
     "agent-host": [
