@@ -189,3 +189,30 @@ def test_a_waiting_group_gets_its_tap_from_the_queue(build) -> None:
     got = _together(h, prompts, "qd")
     print(f"\nwaiting groups, one running: hybrid reuse {got}")
     assert got == [0, 0, 0] + [640] * 6
+
+
+def test_aborts_while_coalescing_leave_nothing_behind(build) -> None:
+    """The sibling is cancelled mid-prefill while others wait for it, and a waiting request is
+    aborted while held: the rest go on (from what the sibling published), nothing leaks (SGLang's
+    idle and busy pool checks, the index's invariant checker)."""
+    shared = toks(1000)
+    h = build(chunk=128, running=8, mamba=40)
+    s = h.s
+    for i in range(5):
+        s.submit(f"ab-{i}", shared + toks(60), 4)
+    for _ in range(3):  # the first one's first chunks; the others are held
+        s.step()
+        h.check_mamba()
+    assert h.cache.coalescer.holds, "the later requests should be waiting for the first"
+    s.abort("ab-0")  # the sibling leaves
+    s.abort("ab-3")  # a held request leaves
+    h.step_all()
+    res = s.results()
+    assert res["ab-0"].finish_reason["type"] == "abort"
+    assert res["ab-3"].finish_reason["type"] == "abort"
+    rest = sorted(res[f"ab-{i}"].cached_tokens for i in (1, 2, 4))
+    print(f"\naborts while coalescing: reuse of the rest {rest}")
+    # ab-0 published an endpoint where it was cancelled; one of the rest carries on from there
+    # to the divergence and the other two resume at it.
+    assert rest[0] > 0 and rest[1:] == [960, 960]
+    assert not h.cache.coalescer.holds and not h.cache.coalescer.cuts
