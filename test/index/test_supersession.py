@@ -83,3 +83,20 @@ def test_no_slot_skips_the_snapshot() -> None:
     # A new request's tap is worth less than the device-only owner: it is skipped.
     out = run(idx, dev, list(range(5000, 5070)), taps=[64], endpoint=False)
     assert out == [] and idx.stats.skipped_no_slot == 1 and a.id in idx.snapshots
+
+
+def test_a_continuing_step_s_last_tap_goes_when_the_lineage_moves_on() -> None:
+    """Beyond the spec: the turn's first opener stays retained, later tool steps' openers do not
+    (a template that strips thinking re-renders the whole turn back to its first opener)."""
+    idx, dev = make_index(host_slabs=400, slots=12), Device()
+    o0, e0 = run(idx, dev, X[:300], taps=[256])  # the turn's first request (from the root)
+    o1, e1 = run(idx, dev, X[:500], taps=[448])  # a tool step: resumes from e0
+    assert e0.superseded and not o0.superseded and not o1.superseded
+    assert e1.lineage_tap == o1.id and e0.lineage_tap == -1
+    o2, e2 = run(idx, dev, X[:700], taps=[640])  # the next step moves on from e1
+    assert e2.lineage_tap == o2.id
+    assert e1.superseded and o1.superseded and not o0.superseded and not o2.superseded
+    # The next turn re-renders the history: it diverges after o0 and resumes from it.
+    m = idx.match(key(X[:270] + [9] * 50))
+    assert m.best is o0
+    idx.check_integrity()

@@ -375,6 +375,9 @@ class PrefixIndex:
             self.device_tokens += tail_device_tokens
         s.l_at, s.last_hit_tick = self.L, self.tick
         s.demand = demand
+        step = lane.last_tap if lane.resumed_from_endpoint else None
+        if kind is SnapshotKind.ENDPOINT and step is not None:
+            s.lineage_tap = step.id
         owner = self._add_retained(s)  # before s is listed: the owner is someone else
         if anchor.snapshots is None:
             anchor.snapshots = []
@@ -419,8 +422,23 @@ class PrefixIndex:
         return s.kind is not SnapshotKind.BOUNDARY or BlockTree.is_single_chain(s.anchor)
 
     def _lineage(self, lane: Lane, frontier: int, kind: SnapshotKind) -> list[Snapshot]:
+        """What a new snapshot of ``lane`` supersedes (§9.3), plus one rule beyond the spec.
+
+        The spec keeps every prompt's last tap retained, for a next turn whose template re-renders
+        the reply. But a template that strips thinking re-renders the whole last turn, so the next
+        turn diverges at the turn's *first* opener: the last tap of a request that itself resumed
+        from an endpoint (a tool step continuing the turn) serves only a retry of that request.
+        Once the lineage moves on from its endpoint, that tap is superseded too, so its slot goes
+        before the turn's first opener's (which GDSF values low: it saves few tokens over the
+        snapshot below it).
+        """
+        src = lane.resumed_from
+        step_tap = None
+        if src is not None and src.lineage_tap >= 0:
+            step_tap = self.snapshots.get(src.lineage_tap)
+        last = lane.last_tap if kind is not SnapshotKind.ENDPOINT else None
         out = []
-        for t in (lane.resumed_from, lane.last_tap if kind is not SnapshotKind.ENDPOINT else None):
+        for t in (src, last, step_tap):
             if t is not None and t.frontier < frontier and self._may_supersede(t) and t not in out:
                 out.append(t)
         return out

@@ -44,6 +44,9 @@ class Snapshot:
     restore_pins: int = 0  # copies reading this snapshot (COW into a lane, restore, write)
     superseded: bool = False
     superseded_tick: int = 0
+    # An endpoint of a request that resumed from an endpoint: the id of its prompt's last tap,
+    # superseded once the lineage moves on from here (see PrefixIndex._lineage); -1: none.
+    lineage_tap: int = -1
     # GDSF (§9.3): H = l_at + (1 + hits + demand) * cost / size
     hits: int = 0
     demand: int = 0  # waiting requests known to resume here (§12.2): hits that have not come yet
