@@ -14,6 +14,9 @@ Contract with a binding, per request (a *lane*):
   then :meth:`publish` (taps mid-prefill, the endpoint at finish or cancel, §7.4, §7.7);
 - :meth:`plan_writes` / :meth:`complete_writes` (write-through) and :meth:`release`.
 
+The facade is split by concept: residency changes and device pressure live in ``residency``,
+host copies in both directions in ``transfers`` (mixins over the same state).
+
 Every mutation keeps the invariants of §10; :func:`~.invariants.check_integrity` verifies them.
 All bookkeeping is O(1) or O(path); host victim selection is O(snapshots) (§9.3).
 """
@@ -35,8 +38,10 @@ from .keys import BLOCK_BYTES, BLOCK_TOKENS, PromptKey
 from .lane import Lane
 from .match import Match, match_prompt
 from .node import BlockNode, Residency
+from .residency import DeviceResidency
 from .snapshot import Snapshot, SnapshotKind
 from .taps import Tap, TapHint, TapPlanner
+from .transfers import HostTransfers
 from .tree import BlockTree
 
 R = Residency
@@ -66,7 +71,7 @@ class IndexStats:
     coalesce_holds: int = 0
 
 
-class PrefixIndex:
+class PrefixIndex(DeviceResidency, HostTransfers):
     def __init__(
         self, config: CacheConfig, *, image_bytes: int, slab_bytes: int, cost: CostModel
     ) -> None:
@@ -577,215 +582,6 @@ class PrefixIndex:
                 return val.sole_retained_below(node)
             node = node.parent
         return None
-
-    # ================================================================ residency
-    def _node_changed(self, n: BlockNode) -> None:
-        """Re-derive LRU and dead-KV membership from the node's fields (the single place)."""
-        free = n.active_refs == 0 and n.restore_pins == 0
-        in_lru = free and n.device_state is R.RESIDENT
-        backed = n.host_state is R.RESIDENT
-        if in_lru:
-            if n in self.lru:
-                self.lru.set_backed(n, backed)
-            else:
-                self.lru.add(n, BLOCK_TOKENS, backed)
-        elif n in self.lru:
-            self.lru.remove(n)
-        dead = free and backed and n.live_snapshots_below == 0
-        if dead:
-            if n not in self.dead:
-                self.dead[n] = None
-        elif n in self.dead:
-            del self.dead[n]
-
-    def _tail_changed(self, s: Snapshot) -> None:
-        in_lru = s.tail_device_state is R.RESIDENT and s.restore_pins == 0
-        backed = s.tail_host_state is R.RESIDENT
-        if in_lru:
-            if s in self.lru:
-                self.lru.set_backed(s, backed)
-            else:
-                self.lru.add(s, s.tail_device_tokens, backed)
-        elif s in self.lru:
-            self.lru.remove(s)
-
-    def _drop_image_device(self, s: Snapshot) -> None:
-        self.slots.release(s.device_slot)
-        s.device_slot, s.device_state = -1, R.ABSENT
-        self.epoch += 1
-
-    def _drop_tail_device(self, s: Snapshot) -> None:
-        self.lru.discard(s)
-        self._freed.append((s.tail_device, s.tail_device_tokens))
-        self.device_tokens -= s.tail_device_tokens
-        s.tail_device, s.tail_device_state = None, R.ABSENT
-
-    def _drop_node_device(self, n: BlockNode) -> None:
-        self.lru.discard(n)
-        self._freed.append((n.device, BLOCK_TOKENS))
-        self.device_tokens -= BLOCK_TOKENS
-        n.device, n.device_state = None, R.ABSENT
-        self._node_changed(n)
-
-    def drop_node_host(self, n: BlockNode) -> None:
-        """Free a node's host copy; with no device copy left the subtree goes too (§9.4)."""
-        assert self.host is not None
-        self.host.release([n.host_slab])
-        n.host_slab, n.host_state = -1, R.ABSENT
-        if n.device_state is R.ABSENT:
-            self.delete_subtree(n)
-        else:
-            self._node_changed(n)
-            if (owner := val.sole_retained_below(n)) is not None:
-                self.valuer.revalue(owner)  # its exclusive path lost host bytes
-        self.epoch += 1
-
-    def delete_subtree(self, node: BlockNode) -> None:
-        """Losing the last copy (§9.4): the node, everything below it and their snapshots go."""
-        self.stats.subtree_deletions += 1
-        for x in list(self.tree.subtree_postorder(node)):
-            assert x.active_refs == 0 and x.restore_pins == 0, f"deleting pinned {x}"
-            for s in list(x.snapshots or ()):
-                self.delete_snapshot(s)
-            if x.device_state is not R.ABSENT:
-                self.lru.discard(x)
-                self._freed.append((x.device, BLOCK_TOKENS))
-                self.device_tokens -= BLOCK_TOKENS
-                x.device, x.device_state = None, R.ABSENT
-            if x.host_state is not R.ABSENT:
-                assert self.host is not None
-                self.host.release([x.host_slab])
-                x.host_slab, x.host_state = -1, R.ABSENT
-            self.dead.pop(x, None)
-            self.tree.remove_leaf(x)
-        self.epoch += 1
-
-    # ================================================================ device pressure (§9.1)
-    def evict_device(self, tokens: int, *, backed_only: bool = False) -> int:
-        """Free at least ``tokens`` device tokens from the LRU if it can; returns tokens freed.
-
-        ``backed_only`` never drops a last copy (a prefetch must not, §6.6).
-        """
-        start = self.device_tokens
-        while start - self.device_tokens < tokens:
-            if backed_only:
-                victim = next(iter(self.lru.backed), None)
-            else:
-                victim = self.lru.peek_victim()
-            if victim is None:
-                break
-            if isinstance(victim, BlockNode):
-                if victim.host_state is R.RESIDENT:
-                    self.stats.device_evicted_backed += 1
-                    self._drop_node_device(victim)
-                else:
-                    self.stats.device_evicted_unbacked += 1
-                    self.delete_subtree(victim)
-            else:
-                assert isinstance(victim, Snapshot)
-                if victim.tail_host_state is R.RESIDENT:
-                    self.stats.device_evicted_backed += 1
-                    self._drop_tail_device(victim)
-                else:
-                    self.stats.device_evicted_unbacked += 1
-                    self.delete_snapshot(victim)
-            self.epoch += 1
-        return start - self.device_tokens
-
-    # ================================================================ transfers
-    def plan_writes(self, lane: Lane) -> list[tuple[BlockNode, int]]:
-        """Host slabs for the lane's device-only blocks (write-through at release, §7.6).
-
-        Marks them Filling on the host; the caller copies, then calls :meth:`complete_writes`.
-        Blocks that find no room stay device-only (unbacked).
-        """
-        if self.host is None or not lane.enabled:
-            return []
-        from .host_eviction import make_room
-
-        todo = [n for n in lane.path if n.host_state is R.ABSENT and n.device_state is R.RESIDENT]
-        out: list[tuple[BlockNode, int]] = []
-        for node in todo:
-            if not make_room(self, 1):
-                break
-            slab = self.host.alloc(1)[0]  # type: ignore[index]
-            node.host_slab, node.host_state = slab, R.FILLING
-            out.append((node, slab))
-        return out
-
-    def complete_writes(self, written: list[tuple[BlockNode, int]]) -> None:
-        done = {id(n) for n, _ in written}
-        owners: dict[int, Snapshot] = {}
-        for node, _ in written:
-            node.host_state = R.RESIDENT
-            self._node_changed(node)
-        for node, _ in written:
-            p = node.parent
-            if node.retained_below == 1 and (
-                p is None or id(p) not in done or p.retained_below != 1
-            ):
-                o = val.sole_retained_below(node)
-                if o is not None:
-                    owners[o.id] = o
-        for o in owners.values():
-            self.valuer.revalue(o)
-        self.epoch += 1
-
-    def plan_image_write(self, s: Snapshot) -> tuple[tuple[int, ...], int] | None:
-        """Host slabs for ``s``'s image (and tail): refused when GDSF would have to evict something
-        worth more (§9.3); then ``s`` stays device-only. Returns (image slabs, tail slab or -1)."""
-        if self.host is None or s.host_state is not R.ABSENT:
-            return None
-        from .host_eviction import make_room
-
-        want_tail = bool(s.tail) and s.tail_host_state is R.ABSENT
-        k = self.host.image_slabs + (1 if want_tail else 0)
-        self.pin_snapshot(s)  # the victim search must not pick the snapshot being written
-        ok = make_room(self, k, bound=s.h)
-        self.unpin_snapshot(s)
-        if not ok:
-            self.stats.image_writes_refused += 1
-            return None
-        slabs = self.host.alloc(k)
-        assert slabs is not None
-        tail_slab = slabs.pop() if want_tail else -1
-        s.host_slabs, s.host_state = tuple(slabs), R.FILLING
-        if want_tail:
-            s.tail_host_slab, s.tail_host_state = tail_slab, R.FILLING
-        self.pin_snapshot(s)
-        return s.host_slabs, tail_slab
-
-    def complete_image_write(self, s: Snapshot) -> None:
-        s.host_state = R.RESIDENT
-        if s.tail_host_state is R.FILLING:
-            s.tail_host_state = R.RESIDENT
-        self.unpin_snapshot(s)
-        self.epoch += 1
-
-    # Restores (host -> device) mark destinations Filling until they land (§6.5).
-    def begin_node_fill(self, node: BlockNode, device: object) -> None:
-        assert node.device_state is R.ABSENT and node.host_state is R.RESIDENT, node
-        node.device, node.device_state = device, R.FILLING
-        node.restore_pins += 1
-        self.device_tokens += BLOCK_TOKENS
-        self._node_changed(node)
-
-    def finish_node_fill(self, node: BlockNode) -> None:
-        node.device_state = R.RESIDENT
-        node.restore_pins -= 1
-        self._node_changed(node)
-        self.epoch += 1
-
-    def begin_tail_fill(self, s: Snapshot, device: object, tokens: int) -> None:
-        assert s.tail_device_state is R.ABSENT and s.tail_host_state is R.RESIDENT, s
-        s.tail_device, s.tail_device_state, s.tail_device_tokens = device, R.FILLING, tokens
-        self.device_tokens += tokens
-        self.pin_snapshot(s)
-
-    def finish_tail_fill(self, s: Snapshot) -> None:
-        s.tail_device_state = R.RESIDENT
-        self.unpin_snapshot(s)
-        self.epoch += 1
 
     # ================================================================ checks
     def check_integrity(self) -> None:

@@ -1,0 +1,258 @@
+"""What a pass's end publishes (spec §7.4-§7.7): block commits, taps, endpoints, a cancel's work.
+
+A mixin of :class:`~.cache.HybridRadixCache` (SGLang's ``checkpoint`` lands here). At a chunk end
+the completed blocks are committed (§7.6: new blocks become tree nodes owning the request's
+slots; blocks the tree already holds are deduplicated, the request's slots freed and the row
+repointed) and the taps due there are taken (a copy of the live state into a snapshot slot,
+§7.4; an exact tap inside a block also copies the partial block's KV as its tail). At finish the
+endpoint takes the request's state slot itself and the partial last block's pages as its tail
+(§7.7). A chunked prefill being cancelled publishes what its last pass computed first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..index import BLOCK_TOKENS, CommitKind, Snapshot, SnapshotKind
+from ..store.device import handles_to_slots, slots_to_handle
+from .request import ATTR, MatchHandle, ReqState, key_for
+
+if TYPE_CHECKING:
+    from ..index import PrefixIndex
+    from ..store.device import DevicePools
+    from .host_tier import HostTier
+
+
+def ceil_to(x: int, m: int) -> int:
+    """``x`` rounded up to a multiple of ``m`` (a page)."""
+    return -(-x // m) * m
+
+
+class Publisher:
+    # State owned by HybridRadixCache (declared for readers and type checkers).
+    index: PrefixIndex
+    pools: DevicePools
+    host: HostTier | None
+    disable: bool
+    device: torch.device
+    page_size: int
+    req_to_token_pool: Any
+    token_to_kv_pool_allocator: Any
+    mamba_allocator: Any
+    _slot_ids: list[int]
+    slot_id: Callable[[int], int]  # index snapshot slot -> MambaPool slot
+
+    def checkpoint(self, req: Any, *, up_to: int, **kwargs: Any) -> None:
+        self._checkpoint(req, up_to, terminal=req.finished())
+
+    def before_chunked_abort(self, scheduler: Any, req: Any) -> None:
+        """A chunked prefill is being cancelled (§7.7): its last pass ran but was never stashed.
+
+        Commit that pass and publish the endpoint there before SGLang frees the row; SGLang then
+        releases the request without a checkpoint and frees only what we did not take.
+        """
+        pending = getattr(scheduler, "_pending_chunked_abort_req", None)
+        if pending is None or pending is not req or not req.kv.holds_kv:
+            return
+        end = req.extend_end
+        if end is None or end <= req.prefix_len or end != req.kv.kv_committed_len:
+            return
+        self._checkpoint(req, end, terminal=True)
+
+    def _checkpoint(self, req: Any, up_to: int, *, terminal: bool) -> None:
+        finished = terminal
+        if self.disable or req.lock is None or getattr(req, ATTR, None) is None:
+            if finished:
+                self._free_state_slot(req)
+            return
+        handle: MatchHandle = req.lock.node
+        lane = handle.lane
+        state: ReqState = getattr(req, ATTR)
+        if lane is None or lane.closed:
+            if finished:
+                self._free_state_slot(req)
+            return
+        if not state.sources_unpinned:
+            # The first pass has run: SGLang's copy-on-write and our tail copy are done.
+            self.index.unpin_sources(lane)
+            state.sources_unpinned = True
+        row = self.req_to_token_pool.req_to_token[req.kv.req_pool_idx]
+        key = key_for(state, req.full_untruncated_fill_ids, up_to)
+        self._commit(lane, key, row, up_to)
+        protected = BLOCK_TOKENS * len(lane.path)
+        if finished:
+            protected = self._finish(req, lane, key, row, up_to, protected)
+        else:
+            self._publish_taps(req, state, lane, key, row, up_to)
+        req.kv.cache_protected_len = max(req.kv.cache_protected_len, protected)
+        self._free_dropped()
+
+    def _commit(self, lane: Any, key: Any, row: torch.Tensor, up_to: int) -> None:
+        start = len(lane.path)
+        end = up_to // BLOCK_TOKENS
+        if end <= start:
+            return
+        seg = slots_to_handle(row[BLOCK_TOKENS * start : BLOCK_TOKENS * end])
+        bb = 4 * BLOCK_TOKENS
+
+        def device_of(b: int) -> bytes:
+            return seg[(b - start) * bb : (b - start + 1) * bb]
+
+        dups = [
+            (b, node)
+            for b, node, kind in self.index.commit(lane, key, up_to, device_of)
+            if kind is CommitKind.DUPLICATE
+        ]
+        if dups:
+            # The tree already holds these blocks: free the request's copies, map the tree's.
+            blocks = torch.tensor([b for b, _ in dups], device=row.device)
+            offs = torch.arange(BLOCK_TOKENS, device=row.device)
+            pos = (blocks[:, None] * BLOCK_TOKENS + offs[None, :]).reshape(-1)
+            self.token_to_kv_pool_allocator.free(row[pos].to(torch.int64))
+            row[pos] = handles_to_slots((n.device for _, n in dups), row.device).to(row.dtype)
+
+    def _publish_taps(
+        self, req: Any, state: ReqState, lane: Any, key: Any, row: torch.Tensor, up_to: int
+    ) -> None:
+        """A chunk ended at ``up_to``: take the exact tap there or flexible taps it reached.
+
+        Chunking ends passes on the 64-token grid except at exact cuts, so a frontier inside a
+        block is an exact tap (opener, structural, explicit): its snapshot gets a tail (§5.3).
+        """
+        if up_to in state.taken or (up_to % BLOCK_TOKENS and up_to not in state.cuts):
+            return
+        due = [p for p in (*state.cuts, *state.flexible) if p <= up_to and p not in state.taken]
+        if not due:
+            return
+        state.taken.update(due)
+        kind = SnapshotKind.BOUNDARY if any(p in state.boundary for p in due) else SnapshotKind.TAP
+        demand = max((state.demand.get(p, 0) for p in due), default=0)
+        self._take_snapshot(req, lane, key, row, up_to, kind, demand)
+
+    def _take_snapshot(
+        self,
+        req: Any,
+        lane: Any,
+        key: Any,
+        row: torch.Tensor,
+        frontier: int,
+        kind: SnapshotKind,
+        demand: int = 0,
+    ) -> Snapshot | None:
+        tail = self._copy_request_tail(row, frontier) if frontier % BLOCK_TOKENS else None
+        if frontier % BLOCK_TOKENS and tail is None:
+            return None  # no KV room for the tail: skip the tap (§9.2: snapshots are optional)
+        slot = self.index.reserve_slot(lane, frontier, kind, demand)
+        if slot is None:
+            if tail is not None:
+                self.token_to_kv_pool_allocator.free(tail)
+            return None
+        self.pools.copy_state(int(req.kv.mamba_pool_idx), self.slot_id(slot))
+        s = self.index.publish(
+            lane,
+            key,
+            frontier,
+            slot,
+            kind,
+            tail_device=slots_to_handle(tail) if tail is not None else None,
+            tail_device_tokens=0 if tail is None else int(tail.numel()),
+            demand=demand,
+        )
+        if s is None and tail is not None:  # a duplicate: the tail copy stays ours to free
+            self.token_to_kv_pool_allocator.free(tail)
+        if s is not None and self.host is not None:
+            self.host.write_snapshot(s, self.slot_id(slot))
+        return s
+
+    def _copy_request_tail(self, row: torch.Tensor, frontier: int) -> torch.Tensor | None:
+        """Cache-owned pages holding a copy of the request's KV in [floor64(f), f), or None.
+
+        The request keeps its own pages (it still computes into them), so an exact tap inside a
+        block pays a copy of at most 63 tokens. Never evicts: a tap is not worth displacing cache.
+        """
+        base = BLOCK_TOKENS * (frontier // BLOCK_TOKENS)
+        need = ceil_to(frontier, self.page_size) - base
+        dst = self.token_to_kv_pool_allocator.alloc(need)
+        if dst is None:
+            return None
+        t = frontier - base
+        self.pools.copy_kv(dst[:t], row[base:frontier].to(torch.int64))
+        return dst
+
+    def _finish(
+        self, req: Any, lane: Any, key: Any, row: torch.Tensor, up_to: int, protected: int
+    ) -> int:
+        """Terminal settlement (§7.7): the endpoint takes the state slot and the partial page."""
+        f = up_to
+        live = req.kv.kv_committed_len
+        took_slot = False
+        # The live state sits after every committed token; a stop that trims the output leaves
+        # it ahead of the KV the request keeps, and then there is no exact endpoint to publish.
+        if lane.enabled and f == live and f >= BLOCK_TOKENS and f - self._deepest(lane, f) >= 64:
+            slot = self.index.reserve_slot(lane, f, SnapshotKind.ENDPOINT)
+            if slot is not None:
+                base = BLOCK_TOKENS * (f // BLOCK_TOKENS)
+                tail_end = ceil_to(f, self.page_size)
+                tail = None
+                if f % BLOCK_TOKENS:
+                    tail = slots_to_handle(self._page_slots(row, base, tail_end))
+                s = self.index.publish(
+                    lane,
+                    key,
+                    f,
+                    slot,
+                    SnapshotKind.ENDPOINT,
+                    tail_device=tail,
+                    tail_device_tokens=tail_end - base,
+                )
+                if s is not None:
+                    # The state slot becomes the snapshot's; the slot it displaced goes back.
+                    old = self._slot_ids[slot]
+                    self._slot_ids[slot] = int(req.kv.mamba_pool_idx)
+                    self.mamba_allocator.free(torch.tensor([old], dtype=torch.int64))
+                    req.kv.mamba_pool_idx = None
+                    took_slot = True
+                    if tail is not None:
+                        protected = tail_end  # the tail's pages are the cache's now
+                    if self.host is not None:
+                        self.host.write_snapshot(s, self._slot_ids[slot])
+        if not took_slot:
+            self._free_state_slot(req)
+        return protected
+
+    def _page_slots(self, row: torch.Tensor, begin: int, end: int) -> torch.Tensor:
+        """All slots of the pages holding row positions [begin, end) (page-aligned bounds)."""
+        if self.page_size == 1:
+            return row[begin:end].to(torch.int64)
+        firsts = row[begin : end : self.page_size].to(torch.int64)
+        offs = torch.arange(self.page_size, device=row.device)
+        return (firsts[:, None] + offs[None, :]).reshape(-1)
+
+    @staticmethod
+    def _deepest(lane: Any, f: int) -> int:
+        """Frontier of the deepest snapshot on the lane's path below ``f`` (0: none)."""
+        best = lane.resumed_from.frontier if lane.resumed_from is not None else 0
+        if lane.last_tap is not None:
+            best = max(best, lane.last_tap.frontier)
+        for node in reversed(lane.path):
+            if f - node.end >= BLOCK_TOKENS:  # anything shallower is far enough anyway
+                break
+            for s in node.snapshots or ():
+                if s.frontier < f:
+                    best = max(best, s.frontier)
+        return best
+
+    def _free_state_slot(self, req: Any) -> None:
+        if req.kv.holds_mamba:
+            self.mamba_allocator.free(req.kv.mamba_pool_idx.reshape(1).to(torch.int64))
+            req.kv.mamba_pool_idx = None
+
+    def _free_dropped(self) -> None:
+        """Return the device pages the index dropped to SGLang's allocator, in one call."""
+        dropped = self.index.drain_freed_device()
+        if dropped:
+            slots = handles_to_slots((h for h, _ in dropped), self.device)  # type: ignore[misc]
+            self.token_to_kv_pool_allocator.free(slots)
