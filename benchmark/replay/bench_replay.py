@@ -115,6 +115,15 @@ RUNS: dict[str, list[str]] = {
         "--taps-per-request=4",
         "--no-coalesce",  # recorded before coalescing existed (docs/benchmarks.md)
     ],
+    # "mooncake" for hybrid with in-flight coalescing (the default).
+    "mooncake-coalesce": [
+        f"--trace=mooncake:{MOONCAKE}",
+        "--geometry=qwen3-next-80b",
+        "--device=h200",
+        "--budget-gib",
+        "32",
+        "--caches=hybrid",
+    ],
     # The 32 GiB point of "mooncake-x4" for hybrid with in-flight coalescing (the default).
     "mooncake-x4-coalesce": [
         f"--trace=mooncake:{MOONCAKE}",

@@ -36,6 +36,7 @@ from ..index.coalesce import (
 from .request import ATTR, ReqState, token_bytes
 
 MAX_HOLD_PASSES = 64  # a safety net: a sibling publishes within a few passes
+WINDOW_PASSES = 4  # how far ahead in the queue (in passes' worth of prompt tokens) to look
 
 
 class Coalescer:
@@ -45,6 +46,9 @@ class Coalescer:
         self.cuts: dict[str, dict[int, int]] = {}
         self.holds: dict[str, int] = {}  # held rid -> consecutive passes held
         self.demand: PrefixDemand[str] = PrefixDemand()  # the waiting queue's prompts, by rid
+        self._queue_seen: tuple[int, int, int] = (0, 0, 0)
+        self._window_seen: tuple[Any, ...] = ()
+        self._held: list[Any] = []  # the last decision, reused while nothing changed
 
     # ------------------------------------------------------------ the pass
     def select(self, scheduler: Any) -> list[Any]:
@@ -53,16 +57,33 @@ class Coalescer:
         self._reconcile(queue)
         if not queue:
             self.holds.clear()
+            self._held, self._window_seen = [], ()
             return []
-        inflight: InflightPrefixes[Any] = InflightPrefixes()
         chunked = getattr(scheduler, "chunked_req", None)
+        window = self._window(scheduler, queue)
+        # While the queue is blocked (a full pool), SGLang calls this every iteration: the same
+        # window over the same tree decides the same, so only the pass counts move (O(window)).
+        seen = (
+            id(chunked),
+            getattr(chunked, "prefix_len", 0) if chunked is not None else 0,
+            self.cache.index.epoch,
+            tuple(map(id, window)),
+        )
+        if seen == self._window_seen and all(
+            self.holds.get(r.rid, MAX_HOLD_PASSES) < MAX_HOLD_PASSES for r in self._held
+        ):
+            for r in self._held:
+                self.holds[r.rid] += 1
+            self.cache.index.stats.coalesce_holds += len(self._held)
+            return list(self._held)
+        self._window_seen = seen
+        inflight: InflightPrefixes[Any] = InflightPrefixes()
         if chunked is not None and (key := self._key(chunked)) is not None:
             inflight.add(chunked, key)
-        limit = max(1, 2 * int(getattr(scheduler, "max_running_requests", 32) or 32))
         held: list[Any] = []
         holds: dict[str, int] = {}
         asked: dict[tuple[Any, int], int] = {}
-        for req in queue[:limit]:
+        for req in window:
             key = self._key(req)
             if key is None:
                 continue
@@ -81,8 +102,31 @@ class Coalescer:
         for (sibling, target), waiters in asked.items():
             self._add_cut(sibling, target, waiters)
         self.holds = holds
+        self._held = held
         self._prune(scheduler)
-        return held
+        return list(held)
+
+    @staticmethod
+    def _window(scheduler: Any, queue: list[Any]) -> list[Any]:
+        """The head of the queue this pass could admit: at most twice the running-request cap,
+        and prompts worth at most WINDOW_PASSES passes of prefill. Later requests cannot be
+        admitted beside a sibling in this pass anyway; the queue's demand taps serve them. This
+        bounds the per-pass work (each request in the window costs O(its blocks)).
+        """
+        limit = max(1, 2 * int(getattr(scheduler, "max_running_requests", 32) or 32))
+        per_pass = max(
+            int(getattr(scheduler, "max_prefill_tokens", 0) or 0),
+            int(getattr(scheduler, "chunked_prefill_size", 0) or 0),
+            BLOCK_TOKENS,
+        )
+        budget = WINDOW_PASSES * per_pass
+        window: list[Any] = []
+        for req in queue:
+            if len(window) >= limit or budget <= 0:
+                break
+            window.append(req)
+            budget -= len(req.origin_input_ids)
+        return window
 
     def _target(self, key: PromptKey, sib: Sibling, chunked: Any) -> int | None:
         m = self.cache.index.match(key)
@@ -123,7 +167,18 @@ class Coalescer:
         return asked
 
     def _reconcile(self, queue: list[Any]) -> None:
-        """Bring ``demand`` in line with the waiting queue: arrivals in, departures out."""
+        """Bring ``demand`` in line with the waiting queue: arrivals in, departures out.
+
+        SGLang runs an admission pass every scheduler iteration while requests wait (a long queue
+        behind a full pool: every decode step), so an unchanged queue is recognised in O(1) by
+        its length and its ends. A change that keeps all three (as many leave as arrive, none at
+        either end) is caught at the next change; meanwhile a demand tap may be missed or
+        spurious, never wrong (taps are optional; hits compare bytes).
+        """
+        fingerprint = (len(queue), id(queue[0]), id(queue[-1])) if queue else (0, 0, 0)
+        if fingerprint == self._queue_seen:
+            return
+        self._queue_seen = fingerprint
         current = {r.rid: r for r in queue}
         demand = self.demand
         for rid in demand.owners():
