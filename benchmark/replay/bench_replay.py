@@ -22,57 +22,48 @@ ROOT = Path(__file__).resolve().parents[2]
 MOONCAKE = "../shared/traces/mooncake_synthetic_trace.jsonl"
 ALL = "hybrid,no_buffer,extra_buffer,oracle"
 
+# Shared pieces: the trace and modelled machine of each family, and the options a run pins.
+MC = [f"--trace=mooncake:{MOONCAKE}"]
+MC_X4 = [*MC, "--time-scale=4"]
+NEXT_H200 = ["--geometry=qwen3-next-80b", "--device=h200"]
+AGENT = ["--trace=agent", "--sessions=24", "--geometry=qwen3.5-27b", "--device=h200"]
+LADDER = ["--tap-ladder=4096", "--tap-min-gap=1024", "--taps-per-request=4"]
+BEFORE_COALESCING = ["--no-coalesce"]  # recorded before coalescing existed (docs/benchmarks.md)
+
 RUNS: dict[str, list[str]] = {
     # The whole synthetic Mooncake trace at its own arrival times, one H200 serving an
     # 80B-A3B-class hybrid: the trace's load saturates it (queues of minutes).
-    "mooncake": [
-        f"--trace=mooncake:{MOONCAKE}",
-        "--geometry=qwen3-next-80b",
-        "--device=h200",
-        "--budget-gib",
-        "32",
-        f"--caches={ALL}",
-        "--no-coalesce",  # recorded before coalescing existed (docs/benchmarks.md)
-    ],
+    "mooncake": [*MC, *NEXT_H200, "--budget-gib", "32", f"--caches={ALL}", *BEFORE_COALESCING],
     # The same trace with arrivals stretched 4x (a quarter of the load), over budgets.
     "mooncake-x4": [
-        f"--trace=mooncake:{MOONCAKE}",
-        "--time-scale=4",
-        "--geometry=qwen3-next-80b",
-        "--device=h200",
+        *MC_X4,
+        *NEXT_H200,
         "--budget-gib",
         "16",
         "32",
         "64",
         f"--caches={ALL}",
-        "--no-coalesce",  # recorded before coalescing existed (docs/benchmarks.md)
+        *BEFORE_COALESCING,
     ],
     # Host tier on: hybrid gets 32 GiB device + 96 GiB host, SGLang's caches 128 GiB device.
     "mooncake-host": [
-        f"--trace=mooncake:{MOONCAKE}",
-        "--time-scale=4",
-        "--geometry=qwen3-next-80b",
-        "--device=h200",
+        *MC_X4,
+        *NEXT_H200,
         "--budget-gib",
         "32",
         "--host-gib=96",
         f"--caches={ALL}",
-        "--no-coalesce",  # recorded before coalescing existed (docs/benchmarks.md)
+        *BEFORE_COALESCING,
     ],
+    # "mooncake" for hybrid with in-flight coalescing (the default).
+    "mooncake-coalesce": [*MC, *NEXT_H200, "--budget-gib", "32", "--caches=hybrid"],
+    # The 32 GiB point of "mooncake-x4" for hybrid with in-flight coalescing (the default).
+    "mooncake-x4-coalesce": [*MC_X4, *NEXT_H200, "--budget-gib", "32", "--caches=hybrid"],
+    # Host tier on: hybrid gets 16 GiB device + 48 GiB host, SGLang's caches 64 GiB device.
+    "agent-host": [*AGENT, "--budget-gib", "16", "--host-gib=48", f"--caches={ALL}"],
     # The generated agent workload on a 27B-class hybrid, over budgets up to one that holds
     # its working set.
-    "agent": [
-        "--trace=agent",
-        "--sessions=24",
-        "--geometry=qwen3.5-27b",
-        "--device=h200",
-        "--budget-gib",
-        "16",
-        "32",
-        "64",
-        "128",
-        f"--caches={ALL}",
-    ],
+    "agent": [*AGENT, "--budget-gib", "16", "32", "64", "128", f"--caches={ALL}"],
     # bench_serving's generated-shared-prefix shape at its defaults (64 groups x 16 prompts,
     # 2048-token system prompts, all arriving at once): SGLang issue 28222's case.
     "shared-prefix": [
@@ -87,63 +78,24 @@ RUNS: dict[str, list[str]] = {
     # prompt on the stretched Mooncake trace (its taps are the knob that decides hint-less
     # traffic); "agent-ladder" checks the same options on the agent workload.
     "mooncake-x4-ladder": [
-        f"--trace=mooncake:{MOONCAKE}",
-        "--time-scale=4",
-        "--geometry=qwen3-next-80b",
-        "--device=h200",
+        *MC_X4,
+        *NEXT_H200,
         "--budget-gib",
         "32",
         "--caches=hybrid",
-        "--tap-ladder=4096",
-        "--tap-min-gap=1024",
-        "--taps-per-request=4",
-        "--no-coalesce",  # recorded before coalescing existed (docs/benchmarks.md)
+        *LADDER,
+        *BEFORE_COALESCING,
     ],
     "agent-ladder": [
-        "--trace=agent",
-        "--sessions=24",
-        "--geometry=qwen3.5-27b",
-        "--device=h200",
+        *AGENT,
         "--budget-gib",
         "16",
         "32",
         "64",
         "128",
         "--caches=hybrid",
-        "--tap-ladder=4096",
-        "--tap-min-gap=1024",
-        "--taps-per-request=4",
-        "--no-coalesce",  # recorded before coalescing existed (docs/benchmarks.md)
-    ],
-    # "mooncake" for hybrid with in-flight coalescing (the default).
-    "mooncake-coalesce": [
-        f"--trace=mooncake:{MOONCAKE}",
-        "--geometry=qwen3-next-80b",
-        "--device=h200",
-        "--budget-gib",
-        "32",
-        "--caches=hybrid",
-    ],
-    # The 32 GiB point of "mooncake-x4" for hybrid with in-flight coalescing (the default).
-    "mooncake-x4-coalesce": [
-        f"--trace=mooncake:{MOONCAKE}",
-        "--time-scale=4",
-        "--geometry=qwen3-next-80b",
-        "--device=h200",
-        "--budget-gib",
-        "32",
-        "--caches=hybrid",
-    ],
-    # Host tier on: hybrid gets 16 GiB device + 48 GiB host, SGLang's caches 64 GiB device.
-    "agent-host": [
-        "--trace=agent",
-        "--sessions=24",
-        "--geometry=qwen3.5-27b",
-        "--device=h200",
-        "--budget-gib",
-        "16",
-        "--host-gib=48",
-        f"--caches={ALL}",
+        *LADDER,
+        *BEFORE_COALESCING,
     ],
 }
 

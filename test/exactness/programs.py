@@ -13,6 +13,7 @@ from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import Any
 
+from sglang_hybrid.demo.session import WORDS
 from sglang_hybrid.index import HintKind, TapHint, TapPlanner
 from sglang_hybrid.sglang.chat_hints import hints_envelope, message_boundaries
 
@@ -79,26 +80,7 @@ class Chat:
         return ids, hints
 
     def text(self, n_words: int, rng: random.Random) -> str:
-        words = [
-            "cache",
-            "state",
-            "block",
-            "agent",
-            "tool",
-            "file",
-            "test",
-            "loop",
-            "prefix",
-            "token",
-            "model",
-            "query",
-            "result",
-            "error",
-            "value",
-            "page",
-            "slot",
-        ]
-        return " ".join(rng.choice(words) for _ in range(n_words))
+        return " ".join(rng.choice(WORDS[:17]) for _ in range(n_words))  # the demo's words
 
 
 # ---------------------------------------------------------------- the programs

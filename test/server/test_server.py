@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from sglang_hybrid.cpu.server import CpuServer
+from sglang_hybrid.demo.session import WORDS
 
 
 def toks(seed: int, n: int) -> list[int]:
@@ -51,20 +52,7 @@ def chat(server: CpuServer, messages: list[dict], max_tokens: int = 6) -> dict:
 def test_chat_turns_report_cached_tokens_with_the_history_re_rendered(
     hybrid_server: CpuServer,
 ) -> None:
-    words = [
-        "cache",
-        "state",
-        "block",
-        "agent",
-        "tool",
-        "file",
-        "test",
-        "loop",
-        "prefix",
-        "token",
-        "model",
-        "query",
-    ]
+    words = WORDS[:12]  # the demo's words
     rng = random.Random(7)
     text = lambda n: " ".join(rng.choice(words) for _ in range(n))  # noqa: E731
     # A user turn of > 64 tokens: a shorter one clusters the opener with the system-block end and

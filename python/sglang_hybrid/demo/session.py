@@ -101,12 +101,17 @@ def _tools(t: _Text) -> list[dict[str, Any]]:
     ]
 
 
-def _call(i: int, name: str, path: str) -> dict[str, Any]:
-    return {
+def _tool_exchange(i: int, name: str, path: str, reasoning: str, result: str) -> list[dict]:
+    """An assistant turn calling ``name`` (its reasoning recorded) and the tool's answer."""
+    call = {
         "id": f"call_{i}",
         "type": "function",
         "function": {"name": name, "arguments": json.dumps({"path": path})},
     }
+    return [
+        {"role": "assistant", "content": "", "reasoning_content": reasoning, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": f"call_{i}", "content": result},
+    ]
 
 
 def agent_session(max_tokens: int = 16, seed: int = 0, model: str = "default") -> list[LiveRequest]:
@@ -123,37 +128,13 @@ def agent_session(max_tokens: int = 16, seed: int = 0, model: str = "default") -
         steps.append((rid, label, [dict(m) for m in messages]))
 
     step("main-1", "task", main)
-    main += [
-        {
-            "role": "assistant",
-            "content": "",
-            "reasoning_content": t.words(60),
-            "tool_calls": [_call(1, "read_file", "src/cache.py")],
-        },
-        {"role": "tool", "tool_call_id": "call_1", "content": file_v1},
-    ]
+    main += _tool_exchange(1, "read_file", "src/cache.py", t.words(60), file_v1)
     step("main-2", "tool result: read_file", main)
     sub = [system, {"role": "user", "content": "Subagent: list the tests. " + t.words(40)}]
     step("sub-1", "subagent, same preamble", sub)
-    main += [
-        {
-            "role": "assistant",
-            "content": "",
-            "reasoning_content": t.words(50),
-            "tool_calls": [_call(2, "run_tests", "tests/")],
-        },
-        {"role": "tool", "tool_call_id": "call_2", "content": t.words(120)},
-    ]
+    main += _tool_exchange(2, "run_tests", "tests/", t.words(50), t.words(120))
     step("main-3", "tool result: run_tests", main)
-    sub += [
-        {
-            "role": "assistant",
-            "content": "",
-            "reasoning_content": t.words(30),
-            "tool_calls": [_call(3, "list_dir", "tests/")],
-        },
-        {"role": "tool", "tool_call_id": "call_3", "content": t.words(90)},
-    ]
+    sub += _tool_exchange(3, "list_dir", "tests/", t.words(30), t.words(90))
     step("sub-2", "subagent tool result", sub)
     main += [
         {"role": "assistant", "content": t.words(40), "reasoning_content": t.words(70)},
@@ -161,15 +142,7 @@ def agent_session(max_tokens: int = 16, seed: int = 0, model: str = "default") -
     ]
     step("main-4", "next user turn (thinking stripped)", main)
     step("main-4-retry", "retry of the same request", main)
-    main += [
-        {
-            "role": "assistant",
-            "content": "",
-            "reasoning_content": t.words(60),
-            "tool_calls": [_call(4, "write_file", "src/cache.py")],
-        },
-        {"role": "tool", "tool_call_id": "call_4", "content": "written. " + t.words(20)},
-    ]
+    main += _tool_exchange(4, "write_file", "src/cache.py", t.words(60), "written. " + t.words(20))
     step("main-5", "tool result: write_file", main)
     edited = [dict(m) for m in main]
     edited[3] = dict(edited[3], content=t.code(24))  # the file read in main-2 changed

@@ -27,6 +27,7 @@ Pure Python; the caller owns the scheduler side (holding requests, adding the si
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Generic, NamedTuple, TypeVar
 
 from .cost import CostModel
@@ -64,15 +65,9 @@ class InflightPrefixes(Generic[T]):
         if not blocks or not self._first:
             return None
         hashes, first = key.ensure_hashes(blocks), self._first
-        if hashes[0] not in first:
+        lo = _deepest(hashes, lambda h: h in first)
+        if lo < 0:
             return None
-        lo, hi = 0, blocks - 1  # invariant: hashes[lo] is indexed
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if hashes[mid] in first:
-                lo = mid
-            else:
-                hi = mid - 1
         owner, other = first[hashes[lo]]
         end = (lo + 1) * BLOCK_BYTES
         if key.data[:end] != other.data[:end]:
@@ -123,16 +118,25 @@ class PrefixDemand(Generic[T]):
             return Shared(0, 0)
         need = 2 if self_counted else 1
         hashes, count = key.ensure_hashes(blocks), self._count
-        if count.get(hashes[0], 0) < need:
+        lo = _deepest(hashes, lambda h: count.get(h, 0) >= need)
+        if lo < 0:
             return Shared(0, 0)
-        lo, hi = 0, blocks - 1  # invariant: count[hashes[lo]] >= need (counts only fall with b)
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if count.get(hashes[mid], 0) >= need:
-                lo = mid
-            else:
-                hi = mid - 1
         return Shared((lo + 1) * BLOCK_TOKENS, count[hashes[lo]] - need + 1)
+
+
+def _deepest(hashes: list[int], holds: Callable[[int], bool]) -> int:
+    """The deepest block b with ``holds(hashes[b])``, -1 if none; ``holds`` must be monotone in b
+    (true up to some block, false after), which chained hashes make it for prefix membership."""
+    if not hashes or not holds(hashes[0]):
+        return -1
+    lo, hi = 0, len(hashes) - 1  # invariant: holds(hashes[lo])
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if holds(hashes[mid]):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 def coalesce_target(
@@ -162,8 +166,4 @@ def coalesce_target(
 def worth_a_split(cost: CostModel, base: int, target: int) -> bool:
     """Whether resuming at ``target`` instead of ``base`` saves more than the extra pass a cut at
     ``target`` may cost (the pass's fixed cost is paid either way, so it is left out)."""
-    s = target - base
-    if s <= 0:
-        return False
-    saved = cost.token_s * s + cost.pair_s * (base * s + s * (s + 1) / 2)
-    return saved > cost.chunk_s
+    return target > base and cost.compute_seconds(base, target - base) > cost.chunk_s

@@ -27,8 +27,14 @@ class CostModel:
         if tokens <= 0:
             return 0.0
         passes = -(-tokens // self.chunk_tokens)
+        return self.chunk_s * passes + self.compute_seconds(base, tokens)
+
+    def compute_seconds(self, base: int, tokens: int) -> float:
+        """``prefill_seconds`` without the passes' fixed cost: what the tokens themselves cost."""
+        if tokens <= 0:
+            return 0.0
         pairs = base * tokens + tokens * (tokens + 1) / 2
-        return self.chunk_s * passes + self.token_s * tokens + self.pair_s * pairs
+        return self.token_s * tokens + self.pair_s * pairs
 
     def restore_seconds(self, nbytes: int) -> float:
         if nbytes <= 0:
