@@ -8,10 +8,12 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
+KEXT_STAMP := $(VENV)/.kernel-ext
 
-.PHONY: venv test lint demo bench-index stress-index bench-replay clean-venv
+.PHONY: venv test lint demo bench-index stress-index stress bench-replay gpu-carry clean-venv \
+	kernel-ext gpu-smoke
 
-venv: $(STAMP)
+venv: $(STAMP) $(KEXT_STAMP)
 
 $(STAMP): pyproject.toml requirements/cpu-lock.txt requirements/constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -21,12 +23,32 @@ $(STAMP): pyproject.toml requirements/cpu-lock.txt requirements/constraints.txt
 	$(PY) -c "import torch, sglang, sglang_hybrid; assert torch.__version__.startswith('2.14.1'), torch.__version__"
 	@touch $@
 
-lint: $(STAMP)
-	$(VENV)/bin/ruff check python test benchmark
-	$(VENV)/bin/ruff format --check python test benchmark
+# sgl-kernel-ext/ (docs/kernel-ext.md): CUDA copy kernels, compiled when a CUDA toolkit matching
+# torch's CUDA version is found (sm_80, sm_90 + PTX; ~1 min on 2 cores), else skipped with the
+# reason; every op then runs its torch reference. make venv / make test attempt it once per change
+# of its build files and carry on if it fails; make kernel-ext rebuilds it.
+KEXT_DEPS  := $(wildcard sgl-kernel-ext/csrc/*.cu sgl-kernel-ext/setup.py sgl-kernel-ext/build.py \
+	sgl-kernel-ext/sgl_kernel_ext/toolkit.py)
 
-test: $(STAMP) lint
-	$(PY) -m pytest -q
+$(KEXT_STAMP): $(STAMP) $(KEXT_DEPS)
+	-$(PY) sgl-kernel-ext/build.py
+	@touch $@
+
+kernel-ext: $(STAMP)
+	$(PY) sgl-kernel-ext/build.py
+	@touch $(KEXT_STAMP)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check python test benchmark sgl-kernel-ext
+	$(VENV)/bin/ruff format --check python test benchmark sgl-kernel-ext
+
+# The GPU check's CPU smoke mode (every stage at tiny shapes, ~8 min) is its own target: CI runs
+# the check's dry run (its imports and CUDA-free paths) and the suites it reuses.
+test: $(STAMP) $(KEXT_STAMP) lint
+	$(PY) -m pytest -q -m "not gpu_smoke"
+
+gpu-smoke: $(STAMP) $(KEXT_STAMP)
+	$(PY) -m pytest -q -m gpu_smoke test/gpu
 
 # SGLang's server on the CPU with --radix-cache hybrid, then its built-in cache, then none,
 # replaying an embedded agent session (python -m sglang_hybrid.demo --help for options).
@@ -42,6 +64,16 @@ bench-replay: $(STAMP)
 
 stress-index: $(STAMP)
 	$(PY) -m pytest -q test/index/test_random_ops.py --index-ops 400000
+
+# The scheduler reliability suite (docs/exactness.md, "Reliability") at 10^6 random operations;
+# RELIABILITY_SEED=S for another seed.
+stress: $(STAMP)
+	$(PY) -m pytest -q test/reliability --reliability-ops 1000000 --reliability-seed $(or $(RELIABILITY_SEED),0)
+
+# What travels to the GPU box for benchmark/gpu/check_backend.py (docs/gpu.md): SGLang's sources
+# and the packages the H200 image lacks, into .gpu-carry/; prints its size, fails over 60 MiB.
+gpu-carry: $(STAMP)
+	$(PY) benchmark/gpu/make_carry.py --out .gpu-carry --limit-mib 60
 
 clean-venv:
 	rm -rf $(VENV)

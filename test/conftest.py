@@ -20,6 +20,9 @@ if str(ROOT / "python") not in sys.path:
     sys.path.insert(0, str(ROOT / "python"))
 # Everything here is generated locally; a download attempt must fail rather than hang.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# Where SGLang's pools live in the scheduler and pool tests: "cpu" (default), or "cuda" when the
+# GPU check (benchmark/gpu/check_backend.py) runs the same tests on a GPU.
+TEST_DEVICE = os.environ.get("SGLANG_HYBRID_TEST_DEVICE", "cpu")
 
 
 def pytest_addoption(parser):
@@ -28,6 +31,18 @@ def pytest_addoption(parser):
         type=int,
         default=20_000,
         help="operations in the seeded random index test (make stress-index runs more)",
+    )
+    parser.addoption(
+        "--reliability-ops",
+        type=int,
+        default=12_000,
+        help="operations of the scheduler reliability suite, over all configs (make stress: 1e6)",
+    )
+    parser.addoption(
+        "--reliability-seed",
+        type=int,
+        default=0,
+        help="base seed of the reliability suite (a failure prints the seed to rerun with)",
     )
 
 
@@ -60,6 +75,8 @@ def make_scheduler() -> Iterator[Callable[..., Any]]:
     def build(model_dir: Path, **kwargs: Any) -> InProcessScheduler:
         while live:
             live.pop().close()
+        if TEST_DEVICE != "cpu":
+            kwargs.setdefault("device", TEST_DEVICE)
         sched = InProcessScheduler(model_dir, **kwargs)
         live.append(sched)
         return sched

@@ -6,16 +6,32 @@ Usage (from the repository root):
 Runs ``sglang-hybrid replay run`` with the arguments listed under NAME and writes the report to
 ``docs/results/replay/NAME/`` (report.json, report.md with the exact command, two PNGs).
 ``--dry-run`` prints the command instead. Names: see ``RUNS``.
+
+``steady-state`` (``STEADY``) runs several commands: each traffic twice, from flushed pools and
+with the pools pre-filled by unrelated traffic (``--prefill-pool``), into
+``docs/results/replay/steady-state/TRAFFIC-{flushed,prefilled}/``, then writes the side-by-side
+comparison ``steady_state.json`` / ``steady_state.md`` there (``sglang_hybrid.replay.steady``).
+
+``tap-modes`` (``TAP_MODES``) runs each traffic with ``--tap-mode split`` (hybrid and no_buffer)
+and ``--tap-mode zero-split`` (hybrid) into ``docs/results/replay/tap-modes/TRAFFIC-MODE/`` and
+writes ``tap_modes.json`` / ``tap_modes.md`` (``sglang_hybrid.replay.tap_modes``).
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import json
+import os
+import platform
 import shlex
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from sglang_hybrid.replay import cli
+from sglang_hybrid.replay import cli, steady, tap_modes
 
 ROOT = Path(__file__).resolve().parents[2]
 # Paths as the docs write them: relative to the repository root, where this script must run.
@@ -100,13 +116,134 @@ RUNS: dict[str, list[str]] = {
 }
 
 
+# Steady state (docs/benchmarks.md, "Steady state"): 16 agent sessions starting within ~16 s
+# (session rate 1/s: every session overlaps the others; subagents and fan-outs released
+# together), hybrid against SGLang's no_buffer on the same 64 GiB of the 27B geometry, a budget
+# where this workload's working set fits (the flushed hybrid run evicts ~300 of its blocks). The
+# same traffic twice: with the template's tap hints, and as hint-less token-id traffic, for
+# hybrid only (no_buffer reads no hints: its replay is the same either way).
+STEADY_BASE = [
+    "--trace=agent",
+    "--sessions=16",
+    "--session-rate=1",
+    "--geometry=qwen3.5-27b",
+    "--device=h200",
+    "--budget-gib",
+    "64",
+]
+STEADY: dict[str, dict[str, list[str]]] = {
+    "steady-state": {
+        "hinted": [*STEADY_BASE, "--caches=hybrid,no_buffer"],
+        "hint-less": [*STEADY_BASE, "--caches=hybrid", "--drop-hints"],
+    },
+}
+VARIANTS = {"flushed": [], "prefilled": ["--prefill-pool"]}
+
+
+def run_steady(name: str, extra: list[str], dry_run: bool) -> int:
+    """Every traffic of ``name`` flushed and pre-filled, then the side-by-side comparison."""
+    out = Path("docs/results/replay") / name
+    plan = [
+        (traffic, variant, ["run", *base, *flags, f"--out={out}/{traffic}-{variant}", *extra])
+        for traffic, base in STEADY[name].items()
+        for variant, flags in VARIANTS.items()
+    ]
+
+    def finish(reports: dict[tuple[str, str], Any]) -> dict[str, Any]:
+        return steady.compare(
+            [(t, reports[t, "flushed"], reports[t, "prefilled"]) for t in STEADY[name]]
+        )
+
+    return run_family(name, out, plan, extra, dry_run, finish, steady.write)
+
+
+# Tap modes (docs/benchmarks.md, "Taps inside the pass"): the committed agent workload at every
+# budget and the whole Mooncake trace at its own arrivals, split against zero-split taps, with
+# no_buffer's passes as the yardstick (it runs once: it takes no taps).
+TAP_MODES: dict[str, list[str]] = {
+    "agent": [*AGENT, "--budget-gib", "16", "32", "64", "128"],
+    "mooncake": [*MC, *NEXT_H200, "--budget-gib", "32"],
+}
+MODES = {
+    "split": ["--tap-mode=split", "--caches=hybrid,no_buffer"],
+    "zero-split": ["--tap-mode=zero-split", "--caches=hybrid"],
+}
+
+
+def run_tap_modes(name: str, extra: list[str], dry_run: bool) -> int:
+    """Every traffic of ``TAP_MODES`` in both tap modes, then the side-by-side comparison."""
+    out = Path("docs/results/replay") / name
+    plan = [
+        (traffic, mode, ["run", *base, *flags, f"--out={out}/{traffic}-{mode}", *extra])
+        for traffic, base in TAP_MODES.items()
+        for mode, flags in MODES.items()
+    ]
+
+    def finish(reports: dict[tuple[str, str], Any]) -> dict[str, Any]:
+        return tap_modes.compare(
+            [(t, reports[t, "split"], reports[t, "zero-split"]) for t in TAP_MODES]
+        )
+
+    return run_family(name, out, plan, extra, dry_run, finish, tap_modes.write)
+
+
+def run_family(
+    name: str,
+    out: Path,
+    plan: list[tuple[str, str, list[str]]],
+    extra: list[str],
+    dry_run: bool,
+    finish: Callable[[dict[tuple[str, str], Any]], dict[str, Any]],
+    write: Callable[..., Path],
+) -> int:
+    """Run ``plan`` (traffic, variant, ``replay`` argv), compare the reports with ``finish`` and
+    write the comparison with ``write(out, doc, header)``; the header records every command."""
+    if dry_run:
+        for *_, argv in plan:
+            print(f"{cli.PROG} {shlex.join(argv)}")
+        return 0
+    started = time.perf_counter()
+    for i, (traffic, variant, argv) in enumerate(plan, 1):
+        print(f"[{i}/{len(plan)}] {traffic}, {variant}", flush=True)
+        if rc := cli.main(argv):
+            return rc
+    wall = time.perf_counter() - started
+    reports = {
+        (t, v): json.loads((out / f"{t}-{v}" / "report.json").read_text()) for t, v, _ in plan
+    }
+    doc = finish(reports)
+    doc["wall_s"] = wall
+    doc["date"] = datetime.date.today().isoformat()
+    doc["machine"] = f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.platform()}"
+    header = "\n".join(
+        [
+            f"### {name}",
+            "",
+            "```",
+            f"python benchmark/replay/bench_replay.py {shlex.join([name, *extra])}",
+            *(f"{cli.PROG} {shlex.join(argv)}" for *_, argv in plan),
+            "```",
+            "",
+            f"date: {doc['date']}; machine: {doc['machine']}; the {len(plan)} commands: "
+            f"{wall:.0f} s. Target: {doc['target']}.",
+        ]
+    )
+    md = write(out, doc, header)
+    print(md.read_text())
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("name", choices=sorted(RUNS))
+    parser.add_argument("name", choices=sorted([*RUNS, *STEADY, "tap-modes"]))
     parser.add_argument("--dry-run", action="store_true")
     args, extra = parser.parse_known_args()
     if Path.cwd().resolve() != ROOT:
         raise SystemExit(f"run this from the repository root ({ROOT})")
+    if args.name in STEADY:
+        return run_steady(args.name, extra, args.dry_run)
+    if args.name == "tap-modes":
+        return run_tap_modes(args.name, extra, args.dry_run)
     argv = ["run", *RUNS[args.name], f"--out=docs/results/replay/{args.name}", *extra]
     if args.dry_run:
         print(f"{cli.PROG} {shlex.join(argv)}")

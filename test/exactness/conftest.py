@@ -29,15 +29,26 @@ BASE = dict(
 CONFIGS: dict[str, dict[str, Any]] = {
     "uncached": dict(disable_radix_cache=True),
     "uncached-96": dict(disable_radix_cache=True, chunked_prefill_size=96),
-    "hybrid": dict(host_mib=0),
-    "hybrid+host": dict(host_mib=64),
+    # Taps that end a pass (split) and taps the model worker captures inside it (zero_split).
+    "hybrid": dict(host_mib=0, tap_mode="split"),
+    "hybrid+host": dict(host_mib=64, tap_mode="split"),
+    "zero_split": dict(host_mib=0, tap_mode="zero-split"),
+    "zero_split+host": dict(host_mib=64, tap_mode="zero-split"),
     "builtin": dict(),
     # A pool that cannot hold the working set: an active request grows by evicting cache.
     "hybrid-small": dict(
-        host_mib=0, max_total_tokens=2304, max_running_requests=2, max_mamba_cache_size=12
+        host_mib=0,
+        tap_mode="split",
+        max_total_tokens=2304,
+        max_running_requests=2,
+        max_mamba_cache_size=12,
     ),
     "hybrid-small+host": dict(
-        host_mib=32, max_total_tokens=2304, max_running_requests=2, max_mamba_cache_size=12
+        host_mib=32,
+        tap_mode="zero-split",
+        max_total_tokens=2304,
+        max_running_requests=2,
+        max_mamba_cache_size=12,
     ),
 }
 
@@ -72,6 +83,7 @@ def run_config(make_scheduler, model_dir: Path, chat: Chat, name: str) -> Run:
 
     cfg = {**BASE, **CONFIGS[name]}
     host_mib = cfg.pop("host_mib", None)
+    tap_mode = cfg.pop("tap_mode", "auto")
     kw: dict[str, Any] = {}
     if host_mib is not None:
         cfg["radix_cache_backend"] = "hybrid"
@@ -81,6 +93,7 @@ def run_config(make_scheduler, model_dir: Path, chat: Chat, name: str) -> Run:
                 tap_ladder=LADDER,
                 tap_min_gap=MIN_GAP,
                 taps_per_request=TAPS,
+                tap_mode=tap_mode,
             )
         }
     sched = make_scheduler(model_dir, worker="model", record_logits=True, **cfg, **kw)
@@ -120,7 +133,7 @@ def run_config(make_scheduler, model_dir: Path, chat: Chat, name: str) -> Run:
                 sched.run_until_idle()
             elif isinstance(step, EvictDevice):
                 tc = sched.tree_cache
-                if name == "hybrid+host" or name == "hybrid-small+host":
+                if name.endswith("+host"):
                     tc.evict(EvictParams(num_tokens=1 << 30))
                     for s in list(tc.index.snapshots.values()):
                         if s.image_on_host and s.image_on_device and not s.restore_pins:
@@ -141,6 +154,7 @@ def run_config(make_scheduler, model_dir: Path, chat: Chat, name: str) -> Run:
             run.cache[pname] = dict(
                 stats=tc.index.stats,
                 restored_blocks=host.restored_blocks if host else 0,
+                taps_in_pass=tc.taps_in_pass,
                 nodes_by_depth=_depths(tc.index),
             )
     return run

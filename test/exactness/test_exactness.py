@@ -11,7 +11,7 @@ from programs import CHUNK, deep_edit_expectation, floor64
 
 from sglang_hybrid.index import HintKind
 
-HYBRID = ["hybrid", "hybrid+host"]
+HYBRID = ["hybrid", "hybrid+host", "zero_split", "zero_split+host"]
 
 
 def same_tokens(suite, config: str, prefix: str) -> None:
@@ -112,7 +112,7 @@ def test_identical_prompts_arriving_together(suite, config: str) -> None:
     for i in range(8):
         assert cached(suite, config, f"it-{i}") == 448
     same_tokens(suite, config, "it-")
-    if config == "hybrid+host":  # the prefix lived on the host only: its blocks came back once
+    if config.endswith("+host"):  # the prefix lived on the host only: its blocks came back once
         assert suite[config].cache["identical_together"]["restored_blocks"] == 7
 
 
@@ -124,15 +124,16 @@ def test_a_new_prefix_arriving_together_is_computed_once(suite, config: str) -> 
     same_tokens(suite, config, "np-")
 
 
-def test_host_only_restore_equals_a_device_resume(suite) -> None:
-    host, dev = suite["hybrid+host"], suite["hybrid"]
+@pytest.mark.parametrize("config", ["hybrid", "zero_split"])
+def test_host_only_restore_equals_a_device_resume(suite, config: str) -> None:
+    host, dev = suite[f"{config}+host"], suite[config]
     end = len(host.asked["ho-1"].ids) + 80 - 1
-    assert cached(suite, "hybrid+host", "ho-2") == cached(suite, "hybrid", "ho-2") == end
+    assert cached(suite, f"{config}+host", "ho-2") == cached(suite, config, "ho-2") == end
     assert host.reqs["ho-2"].hybrid.restored_bytes > 0
     assert dev.reqs["ho-2"].hybrid.restored_bytes == 0
     assert host.results["ho-2"].output_ids == dev.results["ho-2"].output_ids
     assert torch.equal(host.logits["ho-2"], dev.logits["ho-2"])  # bit-exact restore
-    same_tokens(suite, "hybrid+host", "ho-")
+    same_tokens(suite, f"{config}+host", "ho-")
 
 
 @pytest.mark.parametrize("config", HYBRID)
@@ -158,3 +159,14 @@ def test_disabled_request_leaves_nothing_behind(suite, config: str) -> None:
     run = suite[config]
     assert run.cache["disabled_before"] == run.cache["disabled_after"]
     same_tokens(suite, config, "dr-")
+
+
+@pytest.mark.parametrize("config", HYBRID)
+def test_zero_split_captures_taps_inside_passes(suite, config: str) -> None:
+    """The zero-split configurations ran their grid taps inside passes (the model worker copied
+    the states); the split ones never did. Every test above ran on both."""
+    in_pass = sum(c["taps_in_pass"] for c in suite[config].cache.values() if "taps_in_pass" in c)
+    if config.startswith("zero_split"):
+        assert in_pass > 0
+    else:
+        assert in_pass == 0

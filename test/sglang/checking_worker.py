@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from sglang_hybrid.cpu.taps import taps_inside
 from sglang_hybrid.cpu.token_worker import TokenWorker
 
 MOD = 8_388_593  # prime below 2**23: every value is exact in float32
@@ -31,6 +32,7 @@ def prefix_hashes(tokens: list[int], upto: int) -> list[int]:
 class CheckingWorker(TokenWorker):
     checked_tokens = 0
     checked_states = 0
+    checked_taps = 0
 
     def _next_tokens(self, batch: Any, spans: list[Any]) -> torch.Tensor:
         r = self.model_runner  # pools exist once the scheduler has built them
@@ -54,14 +56,19 @@ class CheckingWorker(TokenWorker):
             if p:
                 row = self.r2t.req_to_token[req.kv.req_pool_idx, :p].to(torch.int64)
                 got = self.kv.k_buffer[0][row, 0, 0]
-                exp = torch.tensor(hs[:p], dtype=got.dtype)
+                exp = torch.tensor(hs[:p], dtype=got.dtype, device=got.device)
                 bad = (got != exp).nonzero()
                 assert bad.numel() == 0, (
                     f"{req.rid}: KV of positions {bad[:5].flatten().tolist()} (of {p}) is wrong"
                 )
                 self.checked_tokens += p
-            new = torch.tensor(hs[p : p + n], dtype=self.kv.k_buffer[0].dtype)
+            for tap in taps_inside(req, p, n):  # in-pass taps: the state after tap.position
+                self.mamba.temporal[:, tap.dst_slot] = float(hs[tap.position - 1])
+                for conv in self.mamba.conv:
+                    conv[:, tap.dst_slot] = 0.0
+                self.checked_taps += 1
             dst = locs[span.offset : span.offset + n]
+            new = torch.tensor(hs[p : p + n], dtype=self.kv.k_buffer[0].dtype, device=dst.device)
             for buf in (*self.kv.k_buffer, *self.kv.v_buffer):
                 buf[dst] = new[:, None, None]
             end = float(hs[p + n - 1]) if p + n else 0.0

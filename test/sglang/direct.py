@@ -1,6 +1,7 @@
 """Drive a prefix cache through SGLang's own helpers, without a Scheduler.
 
-Real ``Req`` objects and real pools on ``device="cpu"`` (built as SGLang's test kit
+Real ``Req`` objects and real pools on ``device="cpu"`` (``SGLANG_HYBRID_TEST_DEVICE=cuda``: on
+the GPU, for the GPU check ``benchmark/gpu/check_backend.py``) (built as SGLang's test kit
 ``sglang/test/kits/unified_radix_cache/fixtures.py`` builds them), and the request lifecycle
 as the scheduler runs it: ``Req.init_next_round_input`` (-> ``match_kv_cache`` with mamba
 copy-on-write), ``lock``, SGLang's allocation helpers, the deferred copy-on-write, a pass,
@@ -11,6 +12,7 @@ resumed state and every prefix KV slot before writing its own.
 
 from __future__ import annotations
 
+import os
 import time
 from array import array
 from collections.abc import Callable
@@ -34,6 +36,7 @@ from sglang.srt.server_args import ServerArgs
 from sglang_hybrid.sglang import chunking
 
 LINEAR, FULL = [0, 1, 2, 4, 5, 6], [3, 7]  # 3 linear : 1 full attention, two of each run
+DEVICE = os.environ.get("SGLANG_HYBRID_TEST_DEVICE", "cpu")  # where the pools live
 
 
 @dataclass
@@ -61,6 +64,7 @@ def build_pools(
     mamba: int = 32,
     context: int = 16384,
     dtype: torch.dtype = torch.float32,
+    device: str = DEVICE,
 ) -> Pools:
     sa = ServerArgs(model_path="dummy", page_size=page)
     sa._mamba_cache_chunk_size = max(64, page)  # no HF config to read it from
@@ -81,7 +85,7 @@ def build_pools(
         mamba_size=mamba,
         mamba_spec_state_size=reqs,
         max_context_len=context,
-        device="cpu",
+        device=device,
         enable_memory_saver=False,
         cache_params=params,
         mamba_layer_ids=LINEAR,
@@ -95,14 +99,14 @@ def build_pools(
         head_num=2,
         head_dim=16,
         full_attention_layer_ids=FULL,
-        device="cpu",
+        device=device,
         enable_memory_saver=False,
         mamba_pool=r2t.mamba_pool,
     )
     if page == 1:
-        alloc = TokenToKVPoolAllocator(kv_tokens, dtype, "cpu", kv, need_sort=False)
+        alloc = TokenToKVPoolAllocator(kv_tokens, dtype, device, kv, need_sort=False)
     else:
-        alloc = PagedTokenToKVPoolAllocator(kv_tokens, page, dtype, "cpu", kv, need_sort=False)
+        alloc = PagedTokenToKVPoolAllocator(kv_tokens, page, dtype, device, kv, need_sort=False)
     return Pools(page, r2t, kv, alloc)
 
 
@@ -239,7 +243,7 @@ class Driver:
         prefix = (
             self.cache.prefix_device_indices(req)
             if req.prefix_len
-            else torch.empty(0, dtype=torch.int64)
+            else torch.empty(0, dtype=torch.int64, device=p.kv.device)
         )
         allocation.alloc_req_slots(p.r2t, [req], self.cache)
         row = req.kv.req_pool_idx
@@ -256,11 +260,14 @@ class Driver:
             last = (
                 p.r2t.req_to_token[row, start - 1 : start].to(torch.int64)
                 if start
-                else torch.full((1,), -1, dtype=torch.int64)
+                else torch.full((1,), -1, dtype=torch.int64, device=p.kv.device)
             )
             pl = torch.tensor([start], dtype=torch.int64)
             sl = torch.tensor([start + n], dtype=torch.int64)
-            out = allocation.alloc_paged_token_slots_extend(self.cache, pl, pl, sl, sl, last, n)
+            dev = p.kv.device
+            out = allocation.alloc_paged_token_slots_extend(
+                self.cache, pl.to(dev), pl, sl.to(dev), sl, last, n
+            )
         p.r2t.write((row, slice(start, start + n)), out.to(torch.int32))
         req.kv.kv_allocated_len = req.kv.kv_committed_len = start + n
 
@@ -270,10 +277,10 @@ class Driver:
         mp = p.r2t.mamba_pool
         slot = int(req.kv.mamba_pool_idx)
         if req.kv.mamba_cow_src_index is not None:
-            mp.copy_from(req.kv.mamba_cow_src_index, torch.tensor([slot]))
+            mp.copy_from(req.kv.mamba_cow_src_index, torch.tensor([slot], device=mp.device))
             req.kv.mamba_cow_src_index = None
         elif req.kv.mamba_needs_clear:
-            mp.clear_slots(torch.tensor([slot]))
+            mp.clear_slots(torch.tensor([slot], device=mp.device))
         req.kv.mamba_needs_clear = False
         prefix = req.prefix_len if prefix is None else prefix
         n = req.extend_end - prefix if n is None else n
@@ -287,9 +294,10 @@ class Driver:
             got = float(temporal[0, slot].reshape(-1)[0])
             assert got == want, f"{req.rid}: state {got} != state after {prefix} tokens {want}"
             if prefix:
-                bad = (kbuf[row[:prefix], 0, 0] != torch.tensor(hs[:prefix])).nonzero()
+                want_kv = torch.tensor(hs[:prefix], device=kbuf.device)
+                bad = (kbuf[row[:prefix], 0, 0] != want_kv).nonzero()
                 assert bad.numel() == 0, f"{req.rid}: wrong KV at {bad[:5].flatten().tolist()}"
-        vals = torch.tensor(hs[prefix : prefix + n], dtype=kbuf.dtype)
+        vals = torch.tensor(hs[prefix : prefix + n], dtype=kbuf.dtype, device=kbuf.device)
         for buf in (*p.kv.full_kv_pool.k_buffer, *p.kv.full_kv_pool.v_buffer):
             buf[row[prefix : prefix + n]] = vals[:, None, None]
         temporal[:, slot] = float(hs[prefix + n - 1]) if prefix + n else 0.0

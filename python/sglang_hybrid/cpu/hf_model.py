@@ -1,10 +1,12 @@
 """Load a hybrid model directory into transformers' own model class, float32, for the CPU worker.
 
-Contract: ``load_hf_model(model_path)`` returns the ``*ForCausalLM`` model built by
-``AutoModelForCausalLM.from_pretrained`` (local files only, no network), in float32, in eval
-mode, with the row-wise attention of ``split_invariant`` as its attention implementation, and
-the list of its layer types. It refuses a model without linear-attention layers or without a
-``linear_conv_kernel_dim``, because the worker's state handling assumes a GDN hybrid.
+Contract: ``load_hf_model(model_path, dtype=torch.float32, device="cpu")`` returns the
+``*ForCausalLM`` model built by ``AutoModelForCausalLM.from_pretrained`` (local files only, no
+network), in ``dtype`` on ``device`` (float32 on the CPU; the CUDA build of the worker loads
+bf16 on ``"cuda"``), in eval mode, with the row-wise attention of ``split_invariant`` as its
+attention implementation, and the list of its layer types. It refuses a model without
+linear-attention layers or without a ``linear_conv_kernel_dim``, because the worker's state
+handling assumes a GDN hybrid.
 """
 
 from __future__ import annotations
@@ -24,7 +26,12 @@ class LoadedModel(NamedTuple):
     conv_kernel: int
 
 
-def load_hf_model(model_path: str | os.PathLike[str]) -> LoadedModel:
+def load_hf_model(
+    model_path: str | os.PathLike[str],
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: str = "cpu",
+) -> LoadedModel:
     """The transformers model of ``model_path`` (see the module contract)."""
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
@@ -36,13 +43,15 @@ def load_hf_model(model_path: str | os.PathLike[str]) -> LoadedModel:
     try:
         model = AutoModelForCausalLM.from_pretrained(
             str(model_path),
-            dtype=torch.float32,
+            dtype=dtype,
             attn_implementation=ROWWISE_ATTENTION,
             local_files_only=True,
         )
     finally:
         if progress_was_enabled:
             hf_logging.enable_progress_bar()
+    if device != "cpu":
+        model = model.to(device)
     model.eval()
     if model.config._attn_implementation != ROWWISE_ATTENTION:
         raise RuntimeError(f"transformers chose {model.config._attn_implementation!r} attention")

@@ -12,6 +12,8 @@ Contract:
 - ``install_cpu_worker("model")`` also makes SGLang build the mamba conv state in float32
   (``SGLANG_MAMBA_CONV_DTYPE``, bf16 by default): it sets the variable when unset and refuses a
   different explicit value, because a bf16 conv state makes cached and uncached runs differ.
+  The CUDA build of the model worker computes in the model dtype (bf16 as served) and passes
+  ``conv_dtype="bfloat16"``: the conv state then matches the model dtype instead.
 - ``cpu_server_args(**overrides)`` returns the ServerArgs keyword arguments the CPU workers need
   (device, float32, torch-native attention, pytorch sampling, no overlap / CUDA graphs, no
   tokenizer in the scheduler, dummy weight loading, explicit pool sizes, a fixed seed), with
@@ -39,18 +41,34 @@ def require_float32_conv_state() -> None:
     SGLang reads the variable each time it sizes a mamba pool, so this must run before the
     Scheduler builds its pools (``install_cpu_worker("model")`` and ``ModelWorker`` both call it).
     """
+    require_conv_state_dtype("float32")
+
+
+def require_conv_state_dtype(dtype: str) -> None:
+    """Make SGLang's mamba conv-state dtype ``dtype`` (the model worker's compute dtype), or
+    refuse a different explicit setting (see ``require_float32_conv_state``)."""
     value = os.environ.get(CONV_DTYPE_ENV)
     if value is None:
-        os.environ[CONV_DTYPE_ENV] = "float32"
-    elif value != "float32":
+        os.environ[CONV_DTYPE_ENV] = dtype
+    elif value != dtype:
+        if dtype == "float32":
+            raise RuntimeError(
+                f"{CONV_DTYPE_ENV}={value!r}: the CPU model worker needs float32 conv states "
+                "(a bf16 conv state shifts logits by ~1e-4 and breaks cached-vs-uncached "
+                "exactness)"
+            )
         raise RuntimeError(
-            f"{CONV_DTYPE_ENV}={value!r}: the CPU model worker needs float32 conv states "
-            "(a bf16 conv state shifts logits by ~1e-4 and breaks cached-vs-uncached exactness)"
+            f"{CONV_DTYPE_ENV}={value!r}: the model worker computes in {dtype} and needs "
+            f"{dtype} conv states"
         )
 
 
-def install_cpu_worker(kind: WorkerKind) -> None:
-    """Replace ``TpModelWorker`` by the CPU worker of ``kind`` (see the module contract)."""
+def install_cpu_worker(kind: WorkerKind, *, conv_dtype: str = "float32") -> None:
+    """Replace ``TpModelWorker`` by the CPU worker of ``kind`` (see the module contract).
+
+    ``conv_dtype`` is the conv-state dtype the model worker needs: float32 on the CPU (the
+    default), the model dtype in the CUDA build (``"bfloat16"``).
+    """
     import sglang.srt.managers.tp_worker as tp_worker
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
@@ -59,7 +77,7 @@ def install_cpu_worker(kind: WorkerKind) -> None:
     if kind == "model":
         from sglang_hybrid.cpu.model_worker import ModelWorker
 
-        require_float32_conv_state()
+        require_conv_state_dtype(conv_dtype)
         selected: type[CpuTpWorker] = ModelWorker
     elif kind == "tokens":
         from sglang_hybrid.cpu.token_worker import TokenWorker

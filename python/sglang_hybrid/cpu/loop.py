@@ -28,10 +28,14 @@ Contract:
   groups; SGLang builds those once per process, so a second ``InProcessScheduler`` in the same
   process needs the first one closed.
 - Only the normal (non-overlap) loop is driven, and only with ``skip_tokenizer_init``.
+- ``device="cuda"`` (a ServerArgs override) builds SGLang's pools on the GPU and runs every
+  step inside the Scheduler's schedule stream, as ``run_event_loop`` does on CUDA; the model
+  worker then computes on the GPU in ``dtype`` (the GPU check, ``benchmark/gpu/``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from array import array
 from typing import Any
@@ -71,12 +75,16 @@ class InProcessScheduler:
 
         if record_logits and worker != "model":
             raise ValueError("record_logits needs worker='model' (the token worker has no logits)")
-        install_cpu_worker(worker)
+        kwargs = cpu_server_args(model_path=str(model_path), **server_args_overrides)
+        # The model worker's conv state follows its compute dtype (float32 on the CPU).
+        dtype = str(kwargs["dtype"])
+        install_cpu_worker(
+            worker, conv_dtype=dtype if dtype in ("bfloat16", "float16") else "float32"
+        )
         if worker_class is not None:  # a subclass of the chosen kind, e.g. a test instrument
             from sglang_hybrid.cpu.worker import CpuTpWorker
 
             CpuTpWorker.select(worker_class)
-        kwargs = cpu_server_args(model_path=str(model_path), **server_args_overrides)
         if not kwargs["skip_tokenizer_init"]:
             raise ValueError("the in-process driver reads output ids: keep skip_tokenizer_init")
         self.server_args = ServerArgs(**kwargs)
@@ -115,9 +123,18 @@ class InProcessScheduler:
         from sglang.srt.utils.common import is_cuda
 
         s = self.scheduler
-        s.schedule_stream.synchronize = lambda: None
+        if s.device == "cpu":
+            s.schedule_stream.synchronize = lambda: None
         s._war_barrier_enabled = is_cuda() or envs.SGLANG_ENABLE_WAR_BARRIER.get()
         s.metrics_reporter.start_scheduler_time_accounting()
+
+    def stream(self) -> Any:
+        """The Scheduler's schedule stream as a context (SGLang's event loop runs inside it on
+        CUDA, and the forward runs on it with overlap off); nothing on the CPU."""
+        s = self.scheduler
+        if s.device == "cpu":
+            return contextlib.nullcontext()
+        return s.device_module.StreamContext(s.schedule_stream)
 
     def close(self) -> None:
         """Close the Scheduler's sockets and SGLang's process groups, so another can be built.
@@ -194,7 +211,8 @@ class InProcessScheduler:
             token_ids_logprob=None,
             stream=False,
         )
-        self.scheduler.process_input_requests([request])
+        with self.stream():
+            self.scheduler.process_input_requests([request])
         req = self._waiting_req(rid)
         for name, value in extra_req_attrs.items():
             setattr(req, name, value)
@@ -210,7 +228,8 @@ class InProcessScheduler:
     def abort(self, rid: str) -> None:
         from sglang.srt.managers.io_struct import AbortReq
 
-        self.scheduler.process_input_requests([AbortReq(rid=rid)])
+        with self.stream():
+            self.scheduler.process_input_requests([AbortReq(rid=rid)])
 
     # ------------------------------------------------------------------ loop
     def step(self, *, idle_check: bool = True) -> Any:
@@ -219,6 +238,10 @@ class InProcessScheduler:
         An iteration that runs nothing calls SGLang's ``on_idle`` as the loop does, unless
         ``idle_check`` is False (for callers holding pool slots SGLang does not know about).
         """
+        with self.stream():
+            return self._step(idle_check)
+
+    def _step(self, idle_check: bool) -> Any:
         from sglang.srt.environ import envs
 
         s = self.scheduler
@@ -279,7 +302,8 @@ class InProcessScheduler:
             raise RuntimeError("on_idle needs a drained scheduler: requests are still queued")
         if self.scheduler.last_batch is not None:
             self.step(idle_check=False)
-        self.scheduler.on_idle()
+        with self.stream():
+            self.scheduler.on_idle()
 
     # ------------------------------------------------------------------ outputs
     def results(self) -> dict[str, RequestResult]:

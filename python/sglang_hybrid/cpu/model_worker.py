@@ -26,6 +26,13 @@ Contract:
   the same pieces (same chunks, same earlier taps). The tokens after ``p`` are computed in other
   pieces than without the tap, so they (and later taps) can differ from an untapped pass by
   float32 rounding (~1e-6; see ``split_invariant``).
+- CUDA build (``ServerArgs.device == "cuda"``, used by ``benchmark/gpu/check_backend.py``): the
+  model runs on the GPU in the ServerArgs dtype (bf16 or fp16, as served), SGLang's pools are on
+  the GPU (KV and conv state in that dtype: ``SGLANG_MAMBA_CONV_DTYPE`` must match it; recurrent
+  state float32), and the GDN layers run SGLang's own Triton ``chunk_gated_delta_rule`` when it
+  imports (``gdn_kernels``; ``self.gdn`` names it), transformers' plain torch otherwise. Logits
+  are moved to the CPU for sampling and recording. The conv and attention stay the
+  split-invariant torch ops of ``split_invariant``. Nothing of this changes the CPU path.
 """
 
 from __future__ import annotations
@@ -35,9 +42,10 @@ from typing import Any
 
 import torch
 
+from sglang_hybrid.cpu import gdn_kernels
 from sglang_hybrid.cpu.batch_spans import ReqSpan
 from sglang_hybrid.cpu.hf_model import load_hf_model
-from sglang_hybrid.cpu.install import require_float32_conv_state
+from sglang_hybrid.cpu.install import require_conv_state_dtype, require_float32_conv_state
 from sglang_hybrid.cpu.sampling import next_token, unsupported_sampling
 from sglang_hybrid.cpu.split_invariant import split_invariant_conv
 from sglang_hybrid.cpu.state_io import PoolView, restore_cache, store_linear_states, store_new_kv
@@ -48,16 +56,43 @@ from sglang_hybrid.cpu.worker import CpuTpWorker
 class ModelWorker(CpuTpWorker):
     """Stands in for ``TpModelWorker`` and really computes (see the module contract)."""
 
+    # The CUDA build's dtype rules (bf16 as served) on the CPU: a test hook, so the GPU check's
+    # CPU smoke mode runs that path (benchmark/gpu/stage_scheduler.py). Off: the CPU path.
+    AS_SERVED_ON_CPU = False
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        require_float32_conv_state()
-        torch.set_num_threads(int(os.environ.get("SGLANG_HYBRID_CPU_THREADS", "1")))
+        server_args = args[0] if args else kwargs["server_args"]
+        self.cuda = str(server_args.device) == "cuda"
+        self.as_served = self.cuda or type(self).AS_SERVED_ON_CPU
+        if self.as_served:
+            dtype_name = str(server_args.dtype)
+            if dtype_name not in ("bfloat16", "float16"):
+                raise ValueError(
+                    f"the CUDA model worker computes as served, in bfloat16 or float16 (SGLang's "
+                    f"Triton GDN kernel refuses float32); got dtype={dtype_name!r}"
+                )
+            require_conv_state_dtype(dtype_name)
+        else:
+            require_float32_conv_state()
+        if not self.cuda:
+            torch.set_num_threads(int(os.environ.get("SGLANG_HYBRID_CPU_THREADS", "1")))
         super().__init__(*args, **kwargs)
-        if self.model_config.dtype != torch.float32:
+        if not self.as_served and self.model_config.dtype != torch.float32:
             raise ValueError(
                 f"the CPU model worker computes in float32 but the KV pool would be "
                 f"{self.model_config.dtype}: pass dtype='float32' in ServerArgs"
             )
-        loaded = load_hf_model(self.model_config.model_path)
+        self.compute_dtype: torch.dtype = self.model_config.dtype
+        loaded = load_hf_model(
+            self.model_config.model_path, dtype=self.compute_dtype, device=self.device
+        )
+        # SGLang's Triton GDN kernel on CUDA when it imports; None keeps transformers' torch.
+        self.gdn: gdn_kernels.GdnKernels | None = None
+        self.gdn_note = "transformers' plain torch (CPU path)"
+        if self.cuda:
+            kernel, self.gdn_note = gdn_kernels.sglang_chunk_kernel()
+            if kernel is not None:
+                self.gdn = gdn_kernels.GdnKernels.sglang(kernel)
         self.hf_model = loaded.model
         self.hf_config = loaded.config
         self.layer_types = loaded.layer_types
@@ -71,19 +106,29 @@ class ModelWorker(CpuTpWorker):
         super().alloc_memory_pool(memory_pool_config, **kwargs)
         runner = self.model_runner
         view = PoolView.from_pools(
-            runner.req_to_token_pool, runner.token_to_kv_pool, self.layer_types, self.conv_kernel
+            runner.req_to_token_pool,
+            runner.token_to_kv_pool,
+            self.layer_types,
+            self.conv_kernel,
+            compute_dtype=self.compute_dtype,
         )
         full_layer = self.layer_types.index("full_attention")
         dtypes = {
-            "mamba conv state": view.conv.dtype,
-            "mamba recurrent state": view.temporal.dtype,
-            "KV cache": view.kv_pool.get_key_buffer(full_layer).dtype,
+            "mamba conv state": (view.conv.dtype, self.compute_dtype),
+            "mamba recurrent state": (view.temporal.dtype, torch.float32),
+            "KV cache": (view.kv_pool.get_key_buffer(full_layer).dtype, self.compute_dtype),
         }
-        wrong = {name: dtype for name, dtype in dtypes.items() if dtype != torch.float32}
-        if wrong:
+        wrong = {name: got for name, (got, want) in dtypes.items() if got != want}
+        if wrong and not self.as_served:
             raise RuntimeError(
                 f"the CPU model worker needs float32 pools, SGLang built {wrong} "
                 "(SGLANG_MAMBA_CONV_DTYPE must be float32 before the pools are built)"
+            )
+        if wrong:
+            raise RuntimeError(
+                f"the CUDA model worker computes in {self.compute_dtype} with a float32 "
+                f"recurrent state, SGLang built {wrong} (SGLANG_MAMBA_CONV_DTYPE must match "
+                "the model dtype before the pools are built)"
             )
         self._view = view
 
@@ -104,8 +149,8 @@ class ModelWorker(CpuTpWorker):
         if self._view is None:
             raise RuntimeError("forward before the Scheduler allocated the pools")
         req_to_token_pool = self.model_runner.req_to_token_pool
-        input_ids = batch.input_ids.to(torch.int64)
-        out_cache_loc = batch.out_cache_loc.to(torch.int64)
+        input_ids = batch.input_ids.to(self.device, torch.int64)
+        out_cache_loc = batch.out_cache_loc.to(self.device, torch.int64)
         total = sum(span.extend_len for span in spans)
         if input_ids.numel() != total or out_cache_loc.numel() != total:
             raise RuntimeError(
@@ -117,7 +162,11 @@ class ModelWorker(CpuTpWorker):
             req_to_token_pool.get_mamba_indices(batch.req_pool_indices)
         ).tolist()
         tokens = []
-        with torch.no_grad(), split_invariant_conv(self.hf_model):
+        with (
+            torch.no_grad(),
+            split_invariant_conv(self.hf_model),
+            gdn_kernels.swapped(self.hf_model, self.gdn),
+        ):
             for span in spans:
                 lo, hi = span.offset, span.offset + span.extend_len
                 logits = self._forward_request(
@@ -127,6 +176,8 @@ class ModelWorker(CpuTpWorker):
                     req_pool_indices[span.index],
                     int(slots[span.index]),
                 )
+                if self.cuda:  # sampling and recording happen on the CPU
+                    logits = logits.cpu()
                 position = span.prefix_len + span.extend_len
                 if self.record_logits:
                     self.logits.setdefault(span.req.rid, {})[position] = logits.clone()
@@ -166,7 +217,9 @@ class ModelWorker(CpuTpWorker):
         for bound in bounds:
             out = self.hf_model(
                 input_ids=input_ids[start - prefix : bound - prefix].unsqueeze(0),
-                position_ids=torch.arange(start, bound, dtype=torch.int64).unsqueeze(0),
+                position_ids=torch.arange(
+                    start, bound, dtype=torch.int64, device=input_ids.device
+                ).unsqueeze(0),
                 past_key_values=cache,
                 use_cache=True,
                 logits_to_keep=1,

@@ -5,8 +5,9 @@ Contract:
   tree-cache builder read from ``tp_worker.model_runner`` (device, dtypes, pool handles, pool
   sizes, a disabled ngram-embedding manager, an attention-backend stub, accounting fields).
 - ``alloc_memory_pool()`` builds the request-to-token pool, the KV pool and its allocator with
-  SGLang's own ``KVCacheConfigurator._init_pools`` on ``device="cpu"``. There is no memory
-  profiling: ``max_total_tokens``, ``max_running_requests`` (and, for hybrid models,
+  SGLang's own ``KVCacheConfigurator._init_pools`` on ``ServerArgs.device``: ``"cpu"``, or
+  ``"cuda"`` for the CUDA build (the GPU check, ``benchmark/gpu/check_backend.py``). There is
+  no memory profiling: ``max_total_tokens``, ``max_running_requests`` (and, for hybrid models,
   ``max_mamba_cache_size``) must be set in ServerArgs; a missing one raises ``ValueError``.
 - It never runs a model. Workers (``worker.py`` and its subclasses) compute on top of it.
 """
@@ -52,12 +53,13 @@ class CpuModelRunner:
         from sglang.srt.runtime_context import get_schedule
         from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-        if str(server_args.device) != "cpu":
-            raise ValueError(f"the CPU model runner needs device='cpu', got {server_args.device!r}")
+        device = str(server_args.device)
+        if device not in ("cpu", "cuda"):
+            raise ValueError(f"the CPU model runner needs device 'cpu' or 'cuda', got {device!r}")
         schedule = get_schedule()
         self.server_args = server_args
         self.model_config = model_config
-        self.device = "cpu"
+        self.device = device
         self.gpu_id = 0
         self.page_size: int = schedule.page_size
         self.dtype: torch.dtype = model_config.dtype
@@ -67,7 +69,9 @@ class CpuModelRunner:
         self.is_hybrid_swa = False
         self.sliding_window_size: int | None = None
         self.use_mla_backend = False
-        self.forward_stream = torch.cpu.Stream()
+        self.forward_stream = torch.cpu.Stream() if device == "cpu" else torch.cuda.Stream()
+        # Read by the Scheduler's WAR barrier on CUDA; no shared-read event is ever published.
+        self.shared_read_done_event = None
         n_layers = model_config.num_hidden_layers
         self.layer_info = ModelLayerInfo(
             start_layer=0, end_layer=n_layers, num_effective_layers=n_layers
@@ -109,7 +113,7 @@ class CpuModelRunner:
         """Memory accounting hook of the real runner; nothing to account on the CPU."""
 
     def alloc_memory_pool(self, memory_pool_config: Any = None, **_: Any) -> None:
-        """Build the pools with SGLang's ``KVCacheConfigurator._init_pools`` on the CPU."""
+        """Build the pools with SGLang's ``KVCacheConfigurator._init_pools`` on the device."""
         from types import SimpleNamespace
 
         from sglang.srt.mem_cache.kv_cache_configurator import KVCacheConfigurator, _PoolSizes
@@ -119,8 +123,8 @@ class CpuModelRunner:
         from sglang.srt.model_executor.pool_configurator import MemoryPoolConfig
 
         configurator = KVCacheConfigurator(
-            device="cpu",
-            gpu_id=0,
+            device=self.device,
+            gpu_id=self.gpu_id,
             attn_dp_size=1,
             pp_size=1,
             pp_group=None,
@@ -175,7 +179,7 @@ class CpuModelRunner:
             model_config=self.model_config,
             req_to_token_pool=self.req_to_token_pool,
             max_running_requests=self.max_running_requests,
-            device="cpu",
+            device=self.device,
         )
 
     def prewarm_sampling(self) -> None:

@@ -86,7 +86,6 @@ class ServerConfig:
             "torch_native",
             "--sampling-backend",
             "pytorch",
-            "--disable-overlap-schedule",
             "--disable-cuda-graph",
             "--sleep-on-idle",
             "--random-seed",
@@ -99,13 +98,17 @@ class ServerConfig:
             str(self.max_mamba_cache_size),
             "--chunked-prefill-size",
             str(self.chunked_prefill_size),
-            "--mamba-radix-cache-strategy",
-            "no_buffer",
         ]
         if self.cache == "hybrid":
+            # Nothing about overlap scheduling or the mamba strategy: the plugin turns overlap off
+            # and picks no_buffer itself, so this is the documented launch command.
             args += ["--radix-cache", "hybrid", "--hybrid-host-cache-mib", str(self.host_cache_mib)]
-        elif self.cache == "off":
-            args += ["--disable-radix-cache"]
+        else:
+            # Spelled out for SGLang's own cache: on a CPU, auto would pick extra_buffer, which
+            # SGLang supports on GPU platforms only, and no_buffer needs overlap scheduling off.
+            args += ["--disable-overlap-schedule", "--mamba-radix-cache-strategy", "no_buffer"]
+            if self.cache == "off":
+                args += ["--disable-radix-cache"]
         if self.enable_cache_report:
             args.append("--enable-cache-report")
         return args + list(self.extra)

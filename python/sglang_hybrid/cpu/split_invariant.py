@@ -131,10 +131,17 @@ def register_rowwise_attention() -> None:
 @contextlib.contextmanager
 def split_invariant_conv(model: torch.nn.Module) -> Iterator[None]:
     """Within the block, the model's modeling module uses the shift-and-add conv functions."""
+    names = {"causal_conv1d_fn": shift_add_conv_fn, "causal_conv1d_update": shift_add_conv_update}
+    with patched_modeling(model, names):
+        yield
+
+
+@contextlib.contextmanager
+def patched_modeling(model: torch.nn.Module, names: dict[str, Any]) -> Iterator[None]:
+    """Within the block, the functions ``names`` of the model's modeling module are replaced."""
     module = sys.modules.get(type(model).__module__) or importlib.import_module(
         type(model).__module__
     )
-    names = {"causal_conv1d_fn": shift_add_conv_fn, "causal_conv1d_update": shift_add_conv_update}
     missing = [name for name in names if not hasattr(module, name)]
     if missing:
         raise RuntimeError(f"{module.__name__} has no {missing}: transformers changed its layout")

@@ -15,6 +15,9 @@ duration of one forward call. Layouts (checked against the pools when a ``PoolVi
 - Linear layers are indexed densely through ``req_to_token_pool.mamba_map`` (global id ->
   dense index). Slots are physical (already translated) mamba slot indices.
 
+Tensors are built on the pools' device, K/V and conv state in ``PoolView.compute_dtype`` (the
+model dtype: float32 on the CPU, bf16 in the CUDA build), the recurrent state in float32.
+
 A restore marks every linear layer ``has_previous_state`` (via ``update_conv_state``); without it
 transformers would treat the resumed pass as a fresh prompt. ``prefix_len == 0`` restores
 nothing: a fresh prompt starts from zero states whatever the slot holds.
@@ -40,10 +43,16 @@ class PoolView:
     mamba_index: dict[int, int]  # global layer id -> dense linear-layer index
     layer_types: tuple[str, ...]
     conv_kernel: int
+    compute_dtype: torch.dtype = torch.float32  # the model's dtype (K/V, conv inputs)
 
     @classmethod
     def from_pools(
-        cls, req_to_token_pool: Any, kv_pool: Any, layer_types: list[str], conv_kernel: int
+        cls,
+        req_to_token_pool: Any,
+        kv_pool: Any,
+        layer_types: list[str],
+        conv_kernel: int,
+        compute_dtype: torch.dtype = torch.float32,
     ) -> PoolView:
         cache = req_to_token_pool.mamba_pool.mamba_cache
         if len(cache.conv) != 1:
@@ -63,6 +72,7 @@ class PoolView:
             mamba_index=mamba_index,
             layer_types=tuple(layer_types),
             conv_kernel=conv_kernel,
+            compute_dtype=compute_dtype,
         )
 
     def kv_slots(self, req_pool_idx: int, start: int, end: int) -> torch.Tensor:
@@ -84,7 +94,9 @@ def restore_cache(
         if kind == "linear_attention":
             dense = view.mamba_index[layer_id]
             conv = view.conv[dense, slot]  # [conv_dim, W - 1]
-            padded = torch.zeros(1, conv.shape[0], width, dtype=torch.float32)
+            padded = torch.zeros(
+                1, conv.shape[0], width, dtype=view.compute_dtype, device=conv.device
+            )
             padded[0, :, 1:] = conv
             layer.update_conv_state(padded)  # also sets has_previous_state
             recurrent = view.temporal[dense, slot].transpose(-1, -2)  # [Hv, K, V]
@@ -93,8 +105,8 @@ def restore_cache(
             keys = view.kv_pool.get_key_buffer(layer_id)[locs]  # [P, Hkv, D]
             values = view.kv_pool.get_value_buffer(layer_id)[locs]
             layer.update(
-                keys.permute(1, 0, 2).unsqueeze(0).to(torch.float32).contiguous(),
-                values.permute(1, 0, 2).unsqueeze(0).to(torch.float32).contiguous(),
+                keys.permute(1, 0, 2).unsqueeze(0).to(view.compute_dtype).contiguous(),
+                values.permute(1, 0, 2).unsqueeze(0).to(view.compute_dtype).contiguous(),
             )
     return cache
 

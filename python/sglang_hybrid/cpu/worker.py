@@ -62,6 +62,9 @@ class CpuTpWorker:
     """
 
     _selected: type[CpuTpWorker] | None = None
+    # Honours the in-pass state-tap protocol (``taps.py``) at any position: what
+    # ``--hybrid-tap-mode auto`` looks for on the scheduler's model worker.
+    state_taps = True
 
     @staticmethod
     def select(worker_cls: type[CpuTpWorker]) -> None:
@@ -107,7 +110,7 @@ class CpuTpWorker:
         self.model_config = ModelConfig.from_server_args(server_args)
         self._model_runner = CpuModelRunner(server_args, self.model_config)
         self.model_runner_list: list[CpuModelRunner] = []
-        self.device = "cpu"
+        self.device = self._model_runner.device  # "cpu", or "cuda" in the CUDA build
         self.random_seed = _resolve_seed(random_seed, server_args)
         # TpModelWorker seeds every library here; the same keeps SGLang-side randomness equal.
         set_random_seed(self.random_seed)

@@ -32,7 +32,8 @@ On a GPU with a real hybrid model (not verifiable on these machines):
   python -m sglang.launch_server --model-path Qwen/Qwen3-Next-80B-A3B-Instruct --tp 4 \\
       --radix-cache hybrid --hybrid-host-cache-mib 65536 --enable-cache-report --port 30000
   python -m sglang.launch_server --model-path Qwen/Qwen3-Next-80B-A3B-Instruct --tp 4 \\
-      --mamba-radix-cache-strategy no_buffer --enable-cache-report --port 30001
+      --mamba-radix-cache-strategy no_buffer --disable-overlap-schedule --enable-cache-report \\
+      --port 30001
   python -m sglang_hybrid.demo --url hybrid=http://127.0.0.1:30000 --url built-in=http://127.0.0.1:30001
 """
 

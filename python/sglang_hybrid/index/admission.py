@@ -68,6 +68,30 @@ def candidate(index: PrefixIndex, m: Match, s: Snapshot | None, growth_tokens: i
     return Candidate(s, f, host_blocks, nbytes, seconds, need)
 
 
+def candidates(index: PrefixIndex, m: Match, request_tokens: int) -> list[Candidate]:
+    """s*, s_dev and the root (each once), in that order."""
+    seen: set[int] = set()
+    cands: list[Candidate] = []
+    for s in (m.best, m.best_device, None):
+        key = s.id if s is not None else 0
+        if key in seen:
+            continue
+        seen.add(key)
+        f = s.frontier if s is not None else 0
+        cands.append(candidate(index, m, s, request_tokens - f))
+    return cands
+
+
+def _ranked(cands: list[Candidate]) -> list[Candidate]:
+    return sorted(cands, key=lambda c: (c.seconds, c.restore_bytes))
+
+
+def cheapest(index: PrefixIndex, m: Match, *, request_tokens: int) -> Candidate:
+    """The source costing least (restore + prefill), capacity aside: for a binding whose engine
+    budgets the restore's pages itself (SGLang's load-back admission)."""
+    return _ranked(candidates(index, m, request_tokens))[0]
+
+
 def quote(
     index: PrefixIndex,
     m: Match,
@@ -82,16 +106,8 @@ def quote(
     source at F needs ``request_tokens - F`` of it as new pages. ``free_tokens`` is the pool's
     free count and ``pool_tokens`` its size.
     """
-    seen: set[int] = set()
-    cands: list[Candidate] = []
-    for s in (m.best, m.best_device, None):
-        key = s.id if s is not None else 0
-        if key in seen:
-            continue
-        seen.add(key)
-        f = s.frontier if s is not None else 0
-        cands.append(candidate(index, m, s, request_tokens - f))
-    ranked = sorted(cands, key=lambda c: (c.seconds, c.restore_bytes))
+    cands = candidates(index, m, request_tokens)
+    ranked = _ranked(cands)
     fallback = [c for c in cands if c is not ranked[0]]  # s_dev then root, in that order
     for c in (ranked[0], *fallback):
         if c.need_tokens <= free_tokens + _evictable_excluding(index, m, c):

@@ -21,7 +21,6 @@ class Lane:
     resumed_from: Snapshot | None = None
     resumed_from_endpoint: bool = False
     last_tap: Snapshot | None = None
-    pending_supersede: list[Snapshot] = field(default_factory=list)  # applied at publication
     pinned: list[Snapshot] = field(default_factory=list)  # snapshots this lane is copying from
     published: int = 0
     closed: bool = False

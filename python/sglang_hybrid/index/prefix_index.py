@@ -307,6 +307,11 @@ class PrefixIndex(DeviceResidency, HostTransfers):
         choice = self.slots.choose(estimate, superseding=lineage)
         if choice is None:
             self.stats.skipped_no_slot += 1
+            if any(isinstance(o, Snapshot) and not o.restore_pins for o in self.slots.owner):
+                # Refused on value (§9.2 step 3): the newcomer is GDSF's victim, so L rises to
+                # its priority. Beyond the spec: without this, residents hit once long ago keep
+                # every later tap out for good (L only moved on evictions, and none happen).
+                self.L = max(self.L, estimate)
             self._revalue(*self._supersede_all(lineage))
             return None
         victim = choice.victim
@@ -321,16 +326,21 @@ class PrefixIndex(DeviceResidency, HostTransfers):
                     self.L = max(self.L, victim.h)
                 self.delete_snapshot(victim)
         self.slots.take(choice.slot, STAGING)
-        lane.pending_supersede = lineage
         return choice.slot
 
-    def cancel_slot(self, slot: int, lane: Lane | None = None) -> None:
-        """Hand back a reserved slot unused; the lane's lineage still moved on."""
+    def cancel_slot(
+        self,
+        slot: int,
+        lane: Lane | None = None,
+        frontier: int = 0,
+        kind: SnapshotKind = SnapshotKind.TAP,
+    ) -> None:
+        """Hand back a reserved slot unused; the lane's lineage below ``frontier`` still moved
+        on (a lane given)."""
         assert self.slots.owner[slot] is STAGING, slot
         self.slots.release(slot)
         if lane is not None:
-            self._revalue(*self._supersede_all(lane.pending_supersede))
-            lane.pending_supersede = []
+            self._revalue(*self._supersede_all(self._lineage(lane, frontier, kind)))
 
     def publish(
         self,
@@ -368,7 +378,7 @@ class PrefixIndex(DeviceResidency, HostTransfers):
                     s.demand += demand
                     self.valuer.recost(s)
                 self.stats.duplicate_publications += 1
-                self.cancel_slot(slot, lane)
+                self.cancel_slot(slot, lane, frontier, kind)
                 return None
         s = Snapshot(id=self._next_snapshot, anchor=anchor, frontier=frontier, tail=tail, kind=kind)
         self._next_snapshot += 1
@@ -394,8 +404,9 @@ class PrefixIndex(DeviceResidency, HostTransfers):
             self._relink(d, s)
         if s.ancestor is not None:
             s.ancestor.dependents.append(s)
-        recost, resize = self._supersede_all(lane.pending_supersede)
-        lane.pending_supersede = []
+        # The lineage is read now, not at reservation: a lane may hold several reservations at
+        # once (taps captured inside one pass), each superseding the ones published before it.
+        recost, resize = self._supersede_all(self._lineage(lane, frontier, kind))
         self._revalue([*val.retained_frontier_below(s), *recost], [s, owner, *resize])
         self._tail_changed(s)
         if kind is SnapshotKind.ENDPOINT:

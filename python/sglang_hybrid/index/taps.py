@@ -23,13 +23,14 @@ snapshot serves every prompt diverging after it, so a non-explicit candidate is 
 accepted tap, an existing snapshot on the path or the base lies at most 64 tokens before it; ladder
 candidates keep the minimum gap on both sides instead. The prompt tail is judged at its nominal
 position n - 1 (so an opener within 64 tokens of the end absorbs it, one split per chat request),
-then floored. At most ``max_new_taps`` are kept.
+then floored. At most ``max_new_taps`` are kept; the planner counts the taps that budget drops
+(``over_budget``), its only state.
 
 Branch point (Marconi's admission rule): when a request's exact KV match reaches at least 64 tokens
 past the snapshot it resumes from, two requests provably diverge at the deepest matched block
 boundary, so a state there will be shared. Traffic without template hints depends on it.
 
-The plan is a pure function of its inputs: deterministic, no I/O, O(hints + log n).
+The plan depends only on its inputs: deterministic, no I/O, O(hints + log n).
 """
 
 from __future__ import annotations
@@ -84,6 +85,7 @@ class TapPlanner:
         self.ladder_tokens = ladder_tokens
         self.min_gap_tokens = min_gap_tokens
         self.exact_tails = exact_tails
+        self.over_budget = 0  # taps dropped by max_new_taps, over the planner's life
 
     def plan(
         self,
@@ -135,18 +137,22 @@ class TapPlanner:
         accepted: list[Tap] = []
         anchors = sorted({base, *existing})  # positions a candidate may be redundant against
         for tap in cands:
-            if len(accepted) >= self.max_new_taps:
-                break
             p = tap.position
             if p in taken:
                 continue
             nominal = n - 1 if tap.source is TapSource.TAIL else p
+            # The tail tap is redundant only within a block of an anchor: at exactly one block
+            # past it (n = 64k + 1 after a snapshot at 64(k-1)) it still saves a whole block.
+            reach = BLOCK_TOKENS - 1 if tap.source is TapSource.TAIL else BLOCK_TOKENS
             if tap.source is TapSource.LADDER:
                 if any(abs(p - q) < self.min_gap_tokens for q in anchors):
                     continue
             elif tap.source is not TapSource.EXPLICIT and any(
-                0 <= nominal - q <= BLOCK_TOKENS for q in anchors
+                0 <= nominal - q <= reach for q in anchors
             ):
+                continue
+            if len(accepted) >= self.max_new_taps:
+                self.over_budget += 1  # a tap the budget dropped (counted, issue #11)
                 continue
             accepted.append(tap)
             taken.add(p)

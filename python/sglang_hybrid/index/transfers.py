@@ -28,6 +28,7 @@ class HostTransfers:
     stats: IndexStats
     device_tokens: int
     epoch: int
+    _freed: list[tuple[object, int]]
 
     def plan_writes(self, lane: Lane) -> list[tuple[BlockNode, int]]:
         """Host slabs for the lane's device-only blocks (write-through at release, §7.6).
@@ -48,6 +49,17 @@ class HostTransfers:
             node.host_slab, node.host_state = slab, R.FILLING
             out.append((node, slab))
         return out
+
+    def abort_writes(self, planned: list[tuple[BlockNode, int]]) -> None:
+        """The binding's copy of ``planned`` failed: the slabs go back, the blocks stay
+        device-only (their device copies are intact)."""
+        assert self.host is not None
+        for node, slab in planned:
+            assert node.host_state is R.FILLING and node.host_slab == slab, node
+            node.host_slab, node.host_state = -1, R.ABSENT
+            self._node_changed(node)
+        self.host.release([slab for _, slab in planned])
+        self.epoch += 1
 
     def complete_writes(self, written: list[tuple[BlockNode, int]]) -> None:
         done = {id(n) for n, _ in written}
@@ -91,6 +103,18 @@ class HostTransfers:
         self.pin_snapshot(s)
         return s.host_slabs, tail_slab
 
+    def abort_image_write(self, s: Snapshot) -> None:
+        """The image (or tail) copy failed: its slabs go back and ``s`` stays device-only."""
+        assert self.host is not None and s.host_state is R.FILLING, s
+        slabs = list(s.host_slabs)
+        if s.tail_host_state is R.FILLING:
+            slabs.append(s.tail_host_slab)
+            s.tail_host_slab, s.tail_host_state = -1, R.ABSENT
+        s.host_slabs, s.host_state = (), R.ABSENT
+        self.host.release(slabs)
+        self.unpin_snapshot(s)
+        self.epoch += 1
+
     def complete_image_write(self, s: Snapshot) -> None:
         s.host_state = R.RESIDENT
         if s.tail_host_state is R.FILLING:
@@ -112,6 +136,29 @@ class HostTransfers:
         self._node_changed(node)
         self.epoch += 1
 
+    def abort_node_fill(self, node: BlockNode) -> None:
+        """A restore into ``node`` failed: its destination pages go back (queued for the
+        binding) and the node is host-only again."""
+        assert node.device_state is R.FILLING, node
+        node.restore_pins -= 1
+        self._freed.append((node.device, BLOCK_TOKENS))
+        self.device_tokens -= BLOCK_TOKENS
+        node.device, node.device_state = None, R.ABSENT
+        self._node_changed(node)
+        self.epoch += 1
+
+    def pin_for_prefetch(self, nodes: list[BlockNode]) -> None:
+        """Keep ``nodes`` (a blocked head's path) out of eviction while its prefetch runs."""
+        for n in nodes:
+            n.restore_pins += 1
+            self._node_changed(n)
+
+    def unpin_for_prefetch(self, nodes: list[BlockNode]) -> None:
+        for n in nodes:
+            n.restore_pins -= 1
+            assert n.restore_pins >= 0, n
+            self._node_changed(n)
+
     def begin_tail_fill(self, s: Snapshot, device: object, tokens: int) -> None:
         assert s.tail_device_state is R.ABSENT and s.tail_host_state is R.RESIDENT, s
         s.tail_device, s.tail_device_state, s.tail_device_tokens = device, R.FILLING, tokens
@@ -120,5 +167,13 @@ class HostTransfers:
 
     def finish_tail_fill(self, s: Snapshot) -> None:
         s.tail_device_state = R.RESIDENT
+        self.unpin_snapshot(s)
+        self.epoch += 1
+
+    def abort_tail_fill(self, s: Snapshot) -> None:
+        assert s.tail_device_state is R.FILLING, s
+        self._freed.append((s.tail_device, s.tail_device_tokens))
+        self.device_tokens -= s.tail_device_tokens
+        s.tail_device, s.tail_device_state, s.tail_device_tokens = None, R.ABSENT, 0
         self.unpin_snapshot(s)
         self.epoch += 1

@@ -10,6 +10,7 @@ Modules, one concept each: ``tokens`` (ids in the tiny vocabulary), ``trace`` (r
 ``errors``, ``traces/`` (loaders), ``generators/`` (workloads), ``budget`` (bytes to pools),
 ``caches`` (the compared configurations), ``clock`` (virtual time per pass), ``worker`` (scripted
 answers, per-request counts), ``oracle_store`` / ``oracle_cache`` (the oracle), ``driver`` (the
-replay loop), ``results``, ``report``, ``progress``, ``cli``. Importing this package imports
-neither torch nor sglang.
+replay loop), ``results``, ``report``, ``warmup`` (unrelated traffic that pre-fills the pools),
+``steady`` (flushed against pre-filled runs), ``live`` (a running server), ``progress``,
+``cli``. Importing this package imports neither torch nor sglang.
 """

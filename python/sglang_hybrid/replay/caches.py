@@ -114,6 +114,7 @@ def scheduler_kwargs(
     context_length: int,
     tail_tap: str = "exact",
     coalesce: bool = True,
+    tap_mode: str = "split",
     taps_per_request: int | None = None,
     tap_ladder: int | None = None,
     tap_min_gap: int | None = None,
@@ -139,6 +140,7 @@ def scheduler_kwargs(
             device_snapshot_slots=plan.snapshot_slots,
             tail_tap=tail_tap,  # type: ignore[arg-type]
             coalesce=coalesce,
+            tap_mode=tap_mode,  # type: ignore[arg-type]
             taps_per_request=taps_per_request,
             tap_ladder=tap_ladder,
             tap_min_gap=tap_min_gap,

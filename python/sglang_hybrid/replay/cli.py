@@ -30,6 +30,7 @@ from collections.abc import Sequence
 
 from .budget import CACHES, DEFAULT_MAMBA_RATIO, GIB
 from .trace import Trace, first
+from .warmup import FILL_FACTOR, SLOT_FACTOR
 
 PROG = "sglang-hybrid replay"
 
@@ -58,10 +59,45 @@ def _trace_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--request-rate", type=float, default=math.inf, help="shared-prefix: requests/s (inf)"
     )
+    g.add_argument(
+        "--drop-hints",
+        action="store_true",
+        help="drop the trace's tap hints (hint-less token-id traffic, as /generate clients send)",
+    )
+
+
+def _warmup_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group(
+        "steady state: unrelated warm-up traffic before the measured requests, not counted "
+        "(seeded by --seed, disjoint from the trace, lengths drawn from it; docs/benchmarks.md)"
+    )
+    g.add_argument(
+        "--warmup-unrelated",
+        type=int,
+        default=0,
+        metavar="N",
+        help="N unrelated requests, arriving together, run to completion first (default 0)",
+    )
+    g.add_argument(
+        "--prefill-pool",
+        action="store_true",
+        help=f"as many unrelated requests as fill the pools ({FILL_FACTOR:g}x the KV tokens, at "
+        f"least {SLOT_FACTOR}x the state slots in requests; run: each budget's, live: the "
+        "server's, from /server_info)",
+    )
 
 
 def load_trace(spec: str, args: argparse.Namespace) -> Trace:
     """A trace from ``--trace`` (``mooncake:PATH``, ``sessions:PATH``, ``agent``, ...)."""
+    trace = _load_trace(spec, args)
+    if getattr(args, "drop_hints", False):
+        from .warmup import without_hints
+
+        trace = without_hints(trace)
+    return trace
+
+
+def _load_trace(spec: str, args: argparse.Namespace) -> Trace:
     kind, _, path = spec.partition(":")
     if kind == "mooncake":
         from .traces.mooncake import load_mooncake
@@ -145,6 +181,13 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     hy.add_argument("--tap-min-gap", type=int, default=None)
     hy.add_argument("--hybrid-page-size", type=int, default=None, help="default 1")
     hy.add_argument(
+        "--tap-mode",
+        choices=("split", "zero-split"),
+        default="split",
+        help="grid taps end a prefill pass (split, what a GPU server does today: default) or are "
+        "captured inside it (zero-split, --hybrid-tap-mode)",
+    )
+    hy.add_argument(
         "--coalesce",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -175,6 +218,7 @@ def _settings(args: argparse.Namespace, budget_gib: float) -> object:
         tap_min_gap=args.tap_min_gap,
         hybrid_page_size=args.hybrid_page_size,
         coalesce=args.coalesce,
+        tap_mode=args.tap_mode,
         model_dir=args.model_dir,
         progress=args.progress,
     )
@@ -188,28 +232,53 @@ def cmd_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     unknown = [c for c in caches if c not in CACHES]
     if unknown or not caches:
         raise SystemExit(f"--caches: unknown {unknown}; choose from {', '.join(CACHES)}")
+    if args.prefill_pool and args.warmup_unrelated:
+        raise SystemExit("--prefill-pool sizes the warm-up itself: drop --warmup-unrelated")
     trace = load_trace(args.trace, args)
+    warm = args.prefill_pool or args.warmup_unrelated > 0
     meta = {
-        "title": args.title or f"{trace.name} replay",
+        "title": args.title or f"{trace.name} replay" + (" (pools pre-filled)" if warm else ""),
         "command": f"{PROG} " + shlex.join(argv),
         "date": datetime.date.today().isoformat(),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.platform()}",
         "trace": f"{trace.name} ({len(trace.requests)} requests, "
         f"{sum(r.n for r in trace.requests):,} prompt tokens; {trace.source})",
     }
+    if warm:
+        meta["warmup"] = (
+            "unrelated requests filling the pools (--prefill-pool)"
+            if args.prefill_pool
+            else f"{args.warmup_unrelated} unrelated requests"
+        ) + " before the measured ones, not counted"
     sweep: list[SweepPoint] = []
     for b in args.budget_gib:
         settings = _settings(args, b)
+        warmup = _warmup(args, trace, settings)
         point = SweepPoint(b, args.host_gib, {})
         sweep.append(point)
         for c in caches:
-            point.results[c] = replay(trace, c, settings)  # type: ignore[arg-type]
+            point.results[c] = replay(trace, c, settings, warmup)  # type: ignore[arg-type]
             if args.out:  # after every run: a long sweep that fails later keeps what it did
                 write_report(sweep, args.out, meta)
     if args.out:
         print(f"wrote report.json, report.md, reuse_vs_budget.png, ttft_cdf.png to {args.out}")
     print(markdown(sweep, meta))
     return 0
+
+
+def _warmup(args: argparse.Namespace, trace: Trace, settings: object) -> Trace | None:
+    """The same unrelated warm-up for every cache of a budget point (or None)."""
+    from .warmup import pool_warmup, unrelated_warmup
+
+    if getattr(args, "prefill_pool", False):
+        from .driver import plan_for
+
+        # SGLang's caches get the largest device pools of a budget (host bytes go to their
+        # device); the warm-up that fills them fills hybrid's too.
+        return pool_warmup(trace, plan_for("no_buffer", settings), seed=args.seed)  # type: ignore[arg-type]
+    if args.warmup_unrelated > 0:
+        return unrelated_warmup(trace, requests=args.warmup_unrelated, seed=args.seed)
+    return None
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -248,14 +317,21 @@ def cmd_live(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from dataclasses import asdict
 
     from .errors import ReplayError
-    from .live import LiveResult, from_trace, run_replay, summarize
+    from .live import LiveResult, flush_cache, from_trace, run_replay, server_pools, summarize
+    from .warmup import pool_warmup, unrelated_warmup
 
+    warm = args.prefill_pool or args.warmup_unrelated > 0
+    if args.prefill_pool and args.warmup_unrelated:
+        raise SystemExit("--prefill-pool sizes the warm-up itself: drop --warmup-unrelated")
     if args.trace == "demo-session":
+        if warm:
+            raise SystemExit("a warm-up needs a token-id trace, not demo-session")
         from sglang_hybrid.demo.session import agent_session
 
         reqs = agent_session(max_tokens=args.max_tokens, model=args.model)
     else:
-        reqs = from_trace(load_trace(args.trace, args))  # /generate takes no model name
+        trace = load_trace(args.trace, args)
+        reqs = from_trace(trace)  # /generate takes no model name
     done = 0
 
     def show(r: LiveResult) -> None:
@@ -267,9 +343,27 @@ def cmd_live(args: argparse.Namespace, argv: Sequence[str]) -> int:
         )
         print(line + (f"  FAILED: {r.error}" if r.error else ""), flush=True)
 
-    print(f"{PROG} live: {len(reqs)} requests to {args.url} (concurrency {args.concurrency})")
+    warm_summary = None
     try:
-        results = run_replay(args.url, reqs, concurrency=args.concurrency, on_result=show)
+        if args.flush:
+            flush_cache(args.url)
+            print(f"{PROG} live: flushed the cache of {args.url}")
+        if warm:
+            if args.prefill_pool:
+                from .budget import PoolPlan
+
+                kv, slots = server_pools(args.url)
+                plan = PoolPlan("server", kv, slots, 0, 0, 0, 0)
+                warmup = pool_warmup(trace, plan, seed=args.seed)
+            else:
+                warmup = unrelated_warmup(trace, requests=args.warmup_unrelated, seed=args.seed)
+            print(f"{PROG} live: warm-up, {warmup.source}, not counted")
+            warm_results = run_replay(args.url, from_trace(warmup), concurrency=args.concurrency)
+            warm_summary = {"source": warmup.source, **summarize(warm_results)}
+        print(f"{PROG} live: {len(reqs)} requests to {args.url} (concurrency {args.concurrency})")
+        results = run_replay(
+            args.url, reqs, concurrency=args.concurrency, time_scale=args.pace, on_result=show
+        )
     except ReplayError as e:
         print(f"{PROG} live: {e}", file=sys.stderr)
         return 2
@@ -287,6 +381,8 @@ def cmd_live(args: argparse.Namespace, argv: Sequence[str]) -> int:
             "summary": summary,
             "requests": [asdict(r) for r in results],
         }
+        if warm_summary is not None:
+            out["warmup"] = warm_summary
         with open(args.out, "w") as f:
             json.dump(out, f, indent=1)
         print(f"wrote {args.out}")
@@ -311,6 +407,7 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"comma-separated, from {', '.join(CACHES)} (default all)",
     )
     _engine_args(run)
+    _warmup_args(run)
     run.add_argument("--out", default=None, help="directory for report.json, report.md, PNGs")
     run.add_argument("--title", default=None)
     _trace_args(run)
@@ -336,6 +433,16 @@ def build_parser() -> argparse.ArgumentParser:
     live.add_argument("--model", default="default", help="chat: the model name sent (default)")
     live.add_argument("--max-tokens", type=int, default=16, help="demo-session: tokens per turn")
     live.add_argument("--out", default=None, help="write per-request results as JSON")
+    live.add_argument(
+        "--pace",
+        type=float,
+        default=1.0,
+        help="multiply every arrival time and closed-loop delay (0.1: ten times faster; 1)",
+    )
+    live.add_argument(
+        "--flush", action="store_true", help="flush the server's prefix cache before sending"
+    )
+    _warmup_args(live)
     _trace_args(live)
     return parser
 

@@ -19,6 +19,11 @@ Contract: ``replay(trace, cache, settings) -> ReplayResult``.
 - At the end SGLang's own idle checks run on the drained scheduler (pool leaks, tree
   invariants). A request that can never fit (longer than the KV pool) raises ``ReplayError``
   before the run; a loop that stops making progress raises it too.
+- ``warmup`` (``warmup.py``: unrelated traffic, disjoint from the trace) runs first, to its last
+  finish, in the same scheduler and cache; the trace's releases start then (its arrival times
+  shifted by the warm-up's end). Nothing of the warm-up is counted in the records, the pass
+  counters, the host bytes or ``cache_stats`` (which become the counters' growth over the
+  measured requests); ``result.warmup`` says what it was and how full it left the pools.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .budget import DEFAULT_MAMBA_RATIO, PoolPlan, plan_pools
 from .caches import (
@@ -75,6 +80,9 @@ class ReplaySettings:
     tap_min_gap: int | None = None  # hybrid's --hybrid-tap-min-gap
     hybrid_page_size: int | None = None  # None: caches.PAGE_SIZE
     coalesce: bool = True  # the hybrid backend's in-flight prefix coalescing (spec §12.2)
+    # Split by default: what a GPU server gets today (SGLang's GPU worker captures no state
+    # inside a pass); zero-split models the in-pass capture the CPU workers already offer.
+    tap_mode: str = "split"
     model_dir: str | None = None  # the tiny model; written once under the cache dir if unset
     progress: bool | None = None  # None: a bar when stderr is a terminal
 
@@ -105,11 +113,19 @@ def plan_for(cache: str, settings: ReplaySettings) -> PoolPlan:
     )
 
 
-def replay(trace: Trace, cache: str, settings: ReplaySettings) -> ReplayResult:
-    """Replay ``trace`` against ``cache`` (see the module contract)."""
+def replay(
+    trace: Trace, cache: str, settings: ReplaySettings, warmup: Trace | None = None
+) -> ReplayResult:
+    """Replay ``trace`` against ``cache``, after ``warmup`` if given (see the module contract)."""
     check_trace(trace)
+    if warmup is not None:
+        from .warmup import check_disjoint
+
+        check_trace(warmup)
+        check_disjoint(warmup, trace)
     plan = plan_for(cache, settings)
-    longest = max((r.n + r.output_len for r in trace.requests), default=1)
+    everything = [*trace.requests, *(warmup.requests if warmup is not None else ())]
+    longest = max((r.n + r.output_len for r in everything), default=1)
     if longest + 64 > plan.kv_tokens:
         raise ReplayError(
             f"{cache}: the budget gives {plan.kv_tokens} KV tokens, but a request needs "
@@ -124,6 +140,7 @@ def replay(trace: Trace, cache: str, settings: ReplaySettings) -> ReplayResult:
         context_length=-(-(longest + 64) // 64) * 64,
         tail_tap=settings.tail_tap,
         coalesce=settings.coalesce,
+        tap_mode=settings.tap_mode,
         taps_per_request=settings.taps_per_request,
         tap_ladder=settings.tap_ladder,
         tap_min_gap=settings.tap_min_gap,
@@ -135,7 +152,7 @@ def replay(trace: Trace, cache: str, settings: ReplaySettings) -> ReplayResult:
 
         sched = InProcessScheduler(path, worker="tokens", worker_class=ReplayWorker, **kwargs)
         try:
-            return _Run(trace, cache, plan, clock, sched, settings).run()
+            return _Run(trace, cache, plan, clock, sched, settings, warmup).run()
         finally:
             sched.close()
             _release_watchdogs(sched.scheduler)
@@ -169,31 +186,38 @@ class _Run:
         clock: BatchClock,
         sched: InProcessScheduler,
         settings: ReplaySettings,
+        warmup: Trace | None = None,
     ) -> None:
         self.trace, self.cache, self.plan, self.clock = trace, cache, plan, clock
+        self.warmup = warmup
         self.sched = sched
         self.worker: ReplayWorker = sched.worker
         self.settings = settings
         self.oracle = PrefixStore() if cache == "oracle" else None
         self.records: dict[str, RequestRecord] = {}
-        self.by_rid: dict[str, TraceRequest] = {r.rid: r for r in trace.requests}
+        self.by_rid: dict[str, TraceRequest] = {}
         self.waiting_on: dict[str, list[str]] = {}
         self.deps_left: dict[str, int] = {}
         self.deps_done_at: dict[str, float] = {}
         self.releases: list[tuple[float, int, str]] = []
-        for i, r in enumerate(trace.requests):
+        self.order: dict[str, int] = {}
+        self.now = 0.0
+        self.restored = 0  # host bytes restored so far (modelled), warm-up included
+        self.result = ReplayResult(
+            cache=cache, trace=trace.name, plan=plan, clock=clock.describe(), records=[]
+        )
+
+    def _load(self, requests: list[TraceRequest], offset_s: float) -> None:
+        """Schedule ``requests``' releases; open-loop arrivals shifted by ``offset_s``."""
+        for r in requests:
+            self.order[r.rid] = len(self.order)
+            self.by_rid[r.rid] = r
             if r.arrival_s is not None:
-                self.releases.append((r.arrival_s, i, r.rid))
+                heapq.heappush(self.releases, (offset_s + r.arrival_s, self.order[r.rid], r.rid))
             else:
                 self.deps_left[r.rid] = len(r.after)
                 for a in r.after:
                     self.waiting_on.setdefault(a, []).append(r.rid)
-        heapq.heapify(self.releases)
-        self.order = {r.rid: i for i, r in enumerate(trace.requests)}
-        self.now = 0.0
-        self.result = ReplayResult(
-            cache=cache, trace=trace.name, plan=plan, clock=clock.describe(), records=[]
-        )
 
     # ------------------------------------------------------------------ requests
     def _submit(self, rid: str, release_s: float) -> None:
@@ -255,70 +279,108 @@ class _Run:
 
     # ------------------------------------------------------------------ loop
     def run(self) -> ReplayResult:
-        s = self.sched
+        started = time.perf_counter()
+        if self.warmup is not None:
+            self._load(self.warmup.requests, 0.0)
+            self._drain(None)
+            self._after_warmup()
+            started = time.perf_counter()
+        self._load(self.trace.requests, self.now)
         bar = Progress(
             len(self.trace.requests), f"{self.trace.name}/{self.cache}", self.settings.progress
         )
-        started = time.perf_counter()
-        idle = 0
-        restored = 0
         try:
-            while True:
-                while self.releases and self.releases[0][0] <= self.now:
-                    at, _, rid = heapq.heappop(self.releases)
-                    self._submit(rid, at)
-                # A finished prefill pass's requests join the running batch only in the next
-                # iteration, so the previous batch counts as work (run_until_idle does the same).
-                if not s.has_work() and s.scheduler.last_batch is None:
-                    if not self.releases:
-                        break
-                    self.now = max(self.now, self.releases[0][0])
-                    continue
-                batch = s.step(idle_check=False)
-                total = host_bytes_restored(s.tree_cache, self.clock.geometry)
-                h2d, restored = total - restored, total
-                works = self.worker.pending
-                self.now += sum(self.clock.pass_seconds(w) for w in works)
-                self.now += self.clock.prefill.restore_seconds(h2d) if h2d else 0.0
-                self._count(works)
-                works.clear()
-                if batch is None:
-                    idle += 1
-                    if idle > _MAX_IDLE_ITERATIONS:
-                        raise ReplayError(
-                            f"{self.cache}: the scheduler ran nothing for {idle} iterations "
-                            f"with {len(s.scheduler.waiting_queue)} requests waiting"
-                        )
-                    continue
-                idle = 0
-                done = 0
-                for req in batch.reqs:
-                    rec = self.records[req.rid]
-                    if rec.first_token_s is None and req.output_ids:
-                        rec.first_token_s = self.now
-                    if req.finished() and rec.finish_s is None:
-                        self._finished(req.rid)
-                        done += 1
-                bar.advance(done, self.now)
-            s.on_idle()  # SGLang's own leak and tree checks on the drained scheduler
+            self._drain(bar)
+            self.sched.on_idle()  # SGLang's own leak and tree checks on the drained scheduler
         finally:
             bar.close()
         self.result.wall_s = time.perf_counter() - started
-        self.result.host_bytes_restored = restored
+        self.result.host_bytes_restored = self.restored - int(
+            self.result.warmup.get("host_bytes_restored", 0)
+        )
         if self.deps_left and any(self.deps_left.values()):
             stuck = [r for r, n in self.deps_left.items() if n]
             raise ReplayError(f"{len(stuck)} requests never released (e.g. {stuck[:3]})")
         self._collect()
         return self.result
 
-    def _count(self, works: list[BatchWork]) -> None:
+    def _drain(self, bar: Progress | None) -> None:
+        """Release and run requests until nothing is queued, running or left to release."""
+        s = self.sched
+        idle = 0
+        while True:
+            while self.releases and self.releases[0][0] <= self.now:
+                at, _, rid = heapq.heappop(self.releases)
+                self._submit(rid, at)
+            # A finished prefill pass's requests join the running batch only in the next
+            # iteration, so the previous batch counts as work (run_until_idle does the same).
+            if not s.has_work() and s.scheduler.last_batch is None:
+                if not self.releases:
+                    return
+                self.now = max(self.now, self.releases[0][0])
+                continue
+            batch = s.step(idle_check=False)
+            total = host_bytes_restored(s.tree_cache, self.clock.geometry)
+            h2d, self.restored = total - self.restored, total
+            works = self.worker.pending
+            seconds = [self.clock.pass_seconds(w) for w in works]
+            restore_s = self.clock.prefill.restore_seconds(h2d) if h2d else 0.0
+            self.now += sum(seconds) + restore_s
+            self._count(works, seconds, restore_s)
+            works.clear()
+            if batch is None:
+                idle += 1
+                if idle > _MAX_IDLE_ITERATIONS:
+                    raise ReplayError(
+                        f"{self.cache}: the scheduler ran nothing for {idle} iterations "
+                        f"with {len(s.scheduler.waiting_queue)} requests waiting"
+                    )
+                continue
+            idle = 0
+            done = 0
+            for req in batch.reqs:
+                rec = self.records[req.rid]
+                if rec.first_token_s is None and req.output_ids:
+                    rec.first_token_s = self.now
+                if req.finished() and rec.finish_s is None:
+                    self._finished(req.rid)
+                    done += 1
+            if bar is not None:
+                bar.advance(done, self.now)
+
+    def _after_warmup(self) -> None:
+        """Record what the warm-up was and left behind; zero the counters the trace reports."""
+        assert self.warmup is not None
         res = self.result
-        for w in works:
+        reqs = self.warmup.requests
+        unfinished = [r.rid for r in reqs if self.records[r.rid].finish_s is None]
+        if unfinished:
+            raise ReplayError(f"{len(unfinished)} warm-up requests never finished")
+        res.warmup = {
+            "requests": len(reqs),
+            "prompt_tokens": int(sum(r.n for r in reqs)),
+            "output_tokens": int(sum(r.output_len for r in reqs)),
+            "source": self.warmup.source,
+            "end_s": self.now,
+            "passes": res.passes,
+            "host_bytes_restored": self.restored,
+            **pool_fill(self.sched, self.plan),
+            "cache_stats": cache_stats(self.sched.tree_cache),
+        }
+        res.passes = res.extend_passes = res.decode_passes = 0
+        res.prefill_s = 0.0
+
+    def _count(self, works: list[BatchWork], seconds: list[float], restore_s: float) -> None:
+        res = self.result
+        for w, t in zip(works, seconds, strict=True):
             res.passes += 1
             if w.decode_reqs and not w.extend_tokens:
                 res.decode_passes += 1
             elif w.extend_tokens:
                 res.extend_passes += 1
+                res.prefill_s += t
+        if any(w.extend_tokens for w in works):
+            res.prefill_s += restore_s
 
     def _collect(self) -> None:
         w = self.worker
@@ -328,10 +390,45 @@ class _Run:
             rec.recompute_tokens = w.recompute.get(rid, 0)
             rec.first_prefix = w.first_prefix.get(rid, 0)
             self.result.records.append(rec)
-        index = getattr(self.sched.tree_cache, "index", None)
-        if index is not None and dataclasses.is_dataclass(index.stats):
-            self.result.cache_stats = dataclasses.asdict(index.stats)
+        stats = cache_stats(self.sched.tree_cache)
+        before = self.result.warmup.get("cache_stats", {})
+        assert isinstance(before, dict)
+        self.result.cache_stats = {k: v - int(before.get(k, 0)) for k, v in stats.items()}
         if self.plan.host_bytes and getattr(self.sched.tree_cache, "host", None) is None:
             self.result.notes.append(
                 "host bytes were requested but the hybrid backend ran device-only"
             )
+
+
+def cache_stats(tree_cache: Any) -> dict[str, int]:
+    """The cache's own counters: ``HybridRadixCache.stats()`` (the index's counters, skipped
+    opportunities, host bytes), else an index's stats dataclass; {} for SGLang's caches."""
+    stats = getattr(tree_cache, "stats", None)
+    if callable(stats):
+        return {k: int(v) for k, v in stats().items()}
+    index = getattr(tree_cache, "index", None)
+    if index is not None and dataclasses.is_dataclass(index.stats):
+        return {k: int(v) for k, v in dataclasses.asdict(index.stats).items()}
+    return {}
+
+
+def pool_fill(sched: InProcessScheduler, plan: PoolPlan) -> dict[str, int]:
+    """How full a drained scheduler's pools are: KV tokens in use (all cache: nothing runs), of
+    them evictable, and state slots the cache holds (hybrid: its snapshot slots in use)."""
+    s = sched.scheduler
+    tree = sched.tree_cache
+    out = {
+        "kv_tokens": plan.kv_tokens,
+        "kv_used": plan.kv_tokens - int(s.token_to_kv_pool_allocator.available_size()),
+        "kv_evictable": int(tree.evictable_size()),
+        "state_slots": plan.state_slots,
+    }
+    index = getattr(tree, "index", None)
+    if index is not None and hasattr(index, "slots"):
+        out["snapshot_slots"] = int(index.slots.n)
+        out["snapshot_slots_used"] = int(index.slots.n - index.slots.free)
+    else:
+        mamba = getattr(s.req_to_token_pool, "mamba_allocator", None)
+        if mamba is not None:
+            out["state_slots_used"] = plan.state_slots - int(mamba.available_size())
+    return out

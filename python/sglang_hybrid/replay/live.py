@@ -15,6 +15,10 @@ Contract:
 - A request the server rejects or that fails in transport gets ``error`` set and never stops the
   replay; dependants are still sent (their prompts are fixed). An unreachable server raises
   ``LiveError`` before anything is sent. ``on_result`` is called as each request finishes.
+- Steady state (``replay live --flush``, ``--warmup-unrelated N`` / ``--prefill-pool``):
+  ``flush_cache(url)`` empties the server's prefix cache (SGLang's ``/flush_cache``; it refuses
+  while requests run); ``server_pools(url)`` reads the KV tokens and state slots the server was
+  started with (``/server_info``), which ``--prefill-pool`` sizes its unrelated warm-up from.
 """
 
 from __future__ import annotations
@@ -127,6 +131,39 @@ def chat_request(
     if arrival_s is None and not after:
         arrival_s = 0.0
     return LiveRequest(rid, "chat", body, arrival_s, tuple(after), delay_s, tag, session, turn)
+
+
+def _get(url: str, timeout_s: float = 60.0) -> tuple[int, bytes]:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as r:
+            return int(r.status), r.read()
+    except urllib.error.HTTPError as e:
+        return int(e.code), e.read()
+    except (urllib.error.URLError, OSError) as e:
+        raise LiveError(f"cannot reach {url}: {e}") from None
+
+
+def flush_cache(url: str) -> None:
+    """Empty the server's prefix cache (``/flush_cache``); ``LiveError`` if it refuses."""
+    status, body = _get(f"{url.rstrip('/')}/flush_cache")
+    if status != 200:
+        raise LiveError(f"{url}/flush_cache answered {status}: {body.decode(errors='replace')}")
+
+
+def server_pools(url: str) -> tuple[int, int]:
+    """(KV tokens, state slots) of the server's pools, from ``/server_info``."""
+    for path in ("/server_info", "/get_server_info"):
+        status, body = _get(f"{url.rstrip('/')}{path}")
+        if status == 200:
+            info = json.loads(body)
+            kv, slots = info.get("max_total_tokens"), info.get("max_mamba_cache_size")
+            if kv and slots:
+                return int(kv), int(slots)
+            raise LiveError(f"{url}{path} names no max_total_tokens / max_mamba_cache_size")
+    raise LiveError(f"{url} answers neither /server_info nor /get_server_info")
 
 
 async def _check_server(client: Any, url: str) -> None:

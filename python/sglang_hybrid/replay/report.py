@@ -7,7 +7,10 @@ Contract: ``write_report(sweep, out_dir, meta) -> ReportFiles`` writes
   tokens, host bytes restored, modelled TTFT p50/p95/mean, makespan), a per-tag breakdown and
   loop counters;
 - ``report.md``: the pool mapping and a results table per budget, with each cache's computed
-  prefill relative to SGLang's built-in cache (``no_buffer``) and to the oracle;
+  prefill relative to SGLang's built-in cache (``no_buffer``) and to the oracle; the skipped
+  opportunities of caches that count them (``hybrid``: ``sglang/skips.py`` kinds, also in
+  ``cache_stats`` of ``report.json``); and, after an unrelated warm-up (``warmup.py``), how full
+  it left each cache's pools (``warmup`` of ``report.json``);
 - ``reuse_vs_budget.png`` (prefill tokens computed and reuse fraction against the device budget,
   one line per cache) and ``ttft_cdf.png`` (modelled TTFT CDFs, one panel per budget).
 
@@ -23,7 +26,13 @@ import os
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from sglang_hybrid.sglang.skips import KINDS as SKIP_KINDS
+
 from .results import CacheSummary, ReplayResult
+
+# The columns of the skipped-opportunities table: the backend's kinds, then the tokens prefilled
+# where a tier held a state, then the index's count of taps refused a slot (endpoints included).
+SKIP_COLUMNS: tuple[str, ...] = (*SKIP_KINDS, "recomputed_tokens", "skipped_no_slot")
 
 
 class SweepPoint(NamedTuple):
@@ -64,7 +73,11 @@ def to_json(sweep: list[SweepPoint], meta: dict[str, Any]) -> dict[str, Any]:
                     "passes": r.passes,
                     "extend_passes": r.extend_passes,
                     "decode_passes": r.decode_passes,
+                    "prefill_s": r.prefill_s,
+                    "mean_in_flight": r.mean_in_flight(),
                     "cache_stats": r.cache_stats,
+                    "skips": {k: r.cache_stats[k] for k in SKIP_COLUMNS if k in r.cache_stats},
+                    "warmup": r.warmup,
                     "notes": r.notes,
                 }
             )
@@ -85,7 +98,7 @@ def markdown(sweep: list[SweepPoint], meta: dict[str, Any]) -> str:
     lines = [f"### {meta.get('title', 'Replay')}", ""]
     if meta.get("command"):
         lines += ["```", str(meta["command"]), "```", ""]
-    facts = [f"{k}: {meta[k]}" for k in ("date", "machine", "trace") if meta.get(k)]
+    facts = [f"{k}: {meta[k]}" for k in ("date", "machine", "trace", "warmup") if meta.get(k)]
     if facts:
         lines += ["; ".join(facts), ""]
     for p in sweep:
@@ -117,9 +130,53 @@ def markdown(sweep: list[SweepPoint], meta: dict[str, Any]) -> str:
                 f"| {s.host_bytes_restored:,} | {_fmt_s(s.ttft_p50_s)} | {_fmt_s(s.ttft_p95_s)} "
                 f"| {p.results[cache].wall_s:.0f} |"
             )
+        lines += _skips_table(p) + _warmup_table(p)
         notes = [f"- {c}: {n}" for c, r in p.results.items() for n in r.notes[:5]]
         lines += ["", *notes, ""] if notes else [""]
     return "\n".join(lines)
+
+
+def _skips_table(p: SweepPoint) -> list[str]:
+    """Skipped opportunities of the caches that count them (measured requests only)."""
+    rows = {c: r.cache_stats for c, r in p.results.items() if SKIP_KINDS[0] in r.cache_stats}
+    if not rows:
+        return []
+    out = [
+        "",
+        "Skipped opportunities (`sglang/skips.py`; `skipped_no_slot`: the index's count):",
+        "",
+        "| cache | " + " | ".join(SKIP_COLUMNS) + " |",
+        "|---|" + "---:|" * len(SKIP_COLUMNS),
+    ]
+    for cache, st in rows.items():
+        out.append(f"| {cache} | " + " | ".join(f"{st.get(k, 0):,}" for k in SKIP_COLUMNS) + " |")
+    return out
+
+
+def _warmup_table(p: SweepPoint) -> list[str]:
+    """What the unrelated warm-up was and how full it left each cache's pools."""
+    runs = {c: r.warmup for c, r in p.results.items() if r.warmup}
+    if not runs:
+        return []
+    out = [
+        "",
+        "Unrelated warm-up before the measured requests (not counted above); pools at its end:",
+        "",
+        "| cache | warm-up requests | warm-up prompt tokens | KV tokens in use | evictable "
+        "| state slots held by the cache |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for cache, w in runs.items():
+        if "snapshot_slots" in w:
+            held = f"{w['snapshot_slots_used']} of {w['snapshot_slots']} snapshot slots"
+        else:
+            held = f"{w.get('state_slots_used', 0)} of {w['state_slots']}"
+        out.append(
+            f"| {cache} | {w['requests']:,} | {w['prompt_tokens']:,} "
+            f"| {w['kv_used']:,} of {w['kv_tokens']:,} ({w['kv_used'] / w['kv_tokens']:.0%}) "
+            f"| {w['kv_evictable']:,} | {held} |"
+        )
+    return out
 
 
 def _reuse_plot(sweep: list[SweepPoint], path: Path) -> None:
@@ -181,3 +238,15 @@ def write_report(
     _reuse_plot(sweep, files.reuse_plot)
     _ttft_plot(sweep, files.ttft_plot)
     return files
+
+
+def write_comparison(
+    out_dir: str | os.PathLike[str], stem: str, doc: dict[str, Any], body: str, header: str = ""
+) -> Path:
+    """``STEM.json`` (``doc``) and ``STEM.md`` (``header``, then ``body``) in ``out_dir``."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.json").write_text(json.dumps(doc, indent=1) + "\n")
+    md = out / f"{stem}.md"
+    md.write_text((header + "\n\n" if header else "") + body + "\n")
+    return md

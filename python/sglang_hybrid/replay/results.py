@@ -8,7 +8,9 @@ Contract:
   ``cached_tokens + prefill_tokens == prompt_tokens`` (two independent sources: SGLang's output
   stream and the worker's pass counts).
 - ``ReplayResult``: a cache's run over a trace: the pool plan, the clock, the records, loop
-  counters, wall time and the cache's own counters when it keeps any (the hybrid index's).
+  counters, wall time and the cache's own counters when it keeps any (``HybridRadixCache.stats()``:
+  the index's counters, the skipped opportunities, host bytes), counted over the measured
+  requests; ``warmup`` describes the unrelated warm-up that ran before them (empty if none).
   ``summary()`` folds it into a ``CacheSummary``; ``by_tag()`` into one per request tag.
 - Percentiles are nearest-rank on the requests that produced a first token.
 """
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from .budget import PoolPlan
 
@@ -109,12 +111,23 @@ class ReplayResult:
     passes: int = 0
     extend_passes: int = 0
     decode_passes: int = 0
+    prefill_s: float = 0.0  # modelled seconds of the prefill (EXTEND) passes, restores included
     host_bytes_restored: int = 0
     cache_stats: dict[str, int] = field(default_factory=dict)  # the cache's own counters
     notes: list[str] = field(default_factory=list)
+    warmup: dict[str, Any] = field(default_factory=dict)  # the unrelated warm-up, if any ran
 
     def summary(self) -> CacheSummary:
         return summarize(self.cache, self.records, self.host_bytes_restored)
+
+    def mean_in_flight(self) -> float:
+        """Requests released and not finished, on average from the first release to the last
+        finish (1.0: one at a time; the concurrency of the measured traffic)."""
+        spans = [(r.release_s, r.finish_s) for r in self.records if r.finish_s is not None]
+        if not spans:
+            return 0.0
+        window = max(f for _, f in spans) - min(s for s, _ in spans)
+        return sum(f - s for s, f in spans) / window if window > 0 else float(len(spans))
 
     def by_tag(self) -> dict[str, CacheSummary]:
         tags: dict[str, list[RequestRecord]] = {}

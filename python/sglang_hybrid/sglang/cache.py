@@ -35,6 +35,7 @@ from sglang.srt.mem_cache.base_prefix_cache import (
     EvictParams,
     EvictResult,
     IncLockRefResult,
+    InitLoadBackParams,
     MatchPrefixParams,
     MatchResult,
     TreeLock,
@@ -44,19 +45,23 @@ from ..index import (
     BLOCK_TOKENS,
     CacheConfig,
     CostModel,
+    Match,
     PrefixIndex,
+    PromptKey,
     Snapshot,
     TapSource,
 )
-from ..index.admission import Readiness, quote
+from ..index.admission import cheapest
 from ..store.device import DevicePools, handle_to_slots, handles_to_slots
 from ..store.layout import build_layout
 from .coalesce import Coalescer
 from .flags import HybridOptions
 from .hints import tap_hints
-from .host_tier import HostTier
+from .host_tier import HostTier, RestoreFailed
 from .publish import Publisher, ceil_to
+from .ranks import RankCheck
 from .request import ATTR, MatchHandle, ReqState, key_for, namespace_of
+from .skips import Skips
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +83,9 @@ class HybridRadixCache(Publisher, BasePrefixCache):
         self.options = options
         self.mamba_allocator = self.req_to_token_pool.mamba_allocator
         kv_pool = self.token_to_kv_pool_allocator.get_kvcache()
-        self.device = kv_pool.device
+        # Every tensor handed to SGLang's pools and allocators is made on this device (the KV
+        # pool's and the MambaPool's); "cpu" strings in this package only name host metadata.
+        self.device = torch.device(kv_pool.device)
         self.pools = DevicePools(kv_pool, self.req_to_token_pool.mamba_pool, self.device)
         cache = self.req_to_token_pool.mamba_pool.mamba_cache
         self._state_tensors = [*cache.conv, cache.temporal]
@@ -90,9 +97,14 @@ class HybridRadixCache(Publisher, BasePrefixCache):
         self.root_node = MatchHandle(None, None, 0)
         self._slot_ids: list[int] = []  # index snapshot slot -> MambaPool slot id
         self.host: HostTier | None = None
+        self.skips = Skips()
+        self.rank_check: RankCheck | None = None  # --hybrid-check-ranks (set by the factory)
+        # Taps on a pass's grid of this many tokens are captured inside the pass (0: split).
+        self.capture_grid = BLOCK_TOKENS if options.tap_mode == "zero-split" else 0
+        self.taps_in_pass = 0
         self.coalescer = Coalescer(self) if options.coalesce and not self.disable else None
         self.index = self._new_index()
-        self._reserve_slots()
+        self._reserve_slots(strict=True)
         if getattr(params, "enable_metrics", False):
             self.init_metrics_collector()
 
@@ -113,6 +125,7 @@ class HybridRadixCache(Publisher, BasePrefixCache):
                     self._state_tensors,
                     self._forward_order(),
                     self.page_size,
+                    self.skips,
                 )
         return index
 
@@ -127,19 +140,31 @@ class HybridRadixCache(Publisher, BasePrefixCache):
         return [(kind, i) for _, kind, i in order]
 
     # ================================================================ snapshot slots
-    def _reserve_slots(self) -> None:
-        """Take the D snapshot slots from SGLang's allocator (again after a flush)."""
+    def _reserve_slots(self, *, strict: bool = False) -> bool:
+        """Take the D snapshot slots from SGLang's allocator: at construction (``strict``: a
+        pool too small is a startup error), and again after a flush (the flush hook, or the next
+        match when the cache was reset some other way). After a flush a pool that cannot give
+        them now is retried at the next match; until then no snapshot is taken."""
         if self.disable or self._slot_ids:
-            return
+            return True
         n = self.config.device_snapshot_slots
         got = self.mamba_allocator.alloc(n)
         if got is None:
+            if not strict:
+                return False
             raise RuntimeError(
                 f"--radix-cache hybrid could not reserve {n} snapshot slots: only "
                 f"{self.mamba_allocator.available_size()} MambaPool slots are free; raise "
                 f"--max-mamba-cache-size or lower --hybrid-device-snapshot-slots"
             )
         self._slot_ids = [int(x) for x in got.tolist()]
+        return True
+
+    def after_flush(self) -> None:
+        """SGLang's flush reset this cache, then cleared its pools (the snapshot slots with them):
+        take the slots back at once. Left to the next match, the next admission pass would first
+        pre-allocate a state slot for every waiting request and could leave too few."""
+        self._reserve_slots()
 
     def slot_id(self, slot: int) -> int:
         return self._slot_ids[slot]
@@ -180,60 +205,126 @@ class HybridRadixCache(Publisher, BasePrefixCache):
 
     # ================================================================ match
     def match_prefix(self, params: MatchPrefixParams) -> MatchResult:
+        """The deepest prefix this request may resume from (§6.1-6.2).
+
+        SGLang's key already stops one token short of the prompt (``_compute_max_prefix_len``:
+        the last token is always prefilled), so a state may sit at the key's very end: the index
+        is asked about the key plus that token, whose rule "F <= n - 1" then allows F = len(key).
+
+        With a host tier the hit is split as SGLang's load-back protocol expects: the device part
+        (the deepest snapshot resident on the device) is ``device_prefix_len``; when a deeper
+        snapshot on the host is cheaper to restore than the prefill it saves, the difference is
+        ``host_hit_length`` and ``init_load_back`` restores it once the admission budget, which
+        then counts the restore's pages, has accepted the request. A candidate SGLang probes and
+        rejects restores nothing, and a budget that is full only for now makes it wait.
+        """
         key, req = params.key, params.req
         if self.disable:
             return self._empty_result()
         self._reserve_slots()
-        n = len(key)
+        tokens = key.token_ids
+        n = min(len(key) + 1, len(tokens))
         state = getattr(req, ATTR, None) if req is not None else None
-        tokens = key.raw_token_ids()
         if req is not None and state is None:
-            n_prompt = len(req.origin_input_ids)
             state = ReqState(
                 key=key_for(None, tokens, n, namespace_of(key)),
-                n_prompt=n_prompt,
+                n_prompt=len(req.origin_input_ids),
                 enabled=not req.skip_radix_cache_insert,
             )
             setattr(req, ATTR, state)
         pkey = key_for(state, tokens, n, namespace_of(key))
         m = self.index.match(pkey)
-        source = self._choose(m)
+        source, host_source = self._choose(m)
+        if params.cow_mamba and req is not None and not self._prepare_state_slot(req, source):
+            source = host_source = None  # no state slot to resume into: prefill from the root
+            self._prepare_state_slot(req, None)
         f = source.frontier if source is not None else 0
         handle = MatchHandle(m, source, f, state)
-        if params.cow_mamba and req is not None:
-            # No LRU touch here: admission pins the path (out of the LRU) and release appends
-            # it at the MRU end, which is the hit's recency; a probe that is not admitted is
-            # not a hit.
-            self._prepare_state_slot(req, source)
-            if req.kv.holds_mamba:
-                handle.state_slot = int(req.kv.mamba_pool_idx)
-            if state is not None:
-                self._plan(req, state, pkey, m, source)
+        best = handle
+        if host_source is not None:
+            best = MatchHandle(m, host_source, host_source.frontier, state)
+        # No LRU touch here: admission pins the path (out of the LRU) and release appends it at
+        # the MRU end, which is the hit's recency; a probe that is not admitted is not a hit.
+        if params.cow_mamba and req is not None and state is not None:
+            state.best_frontier = m.best.frontier if m.best is not None else 0
+            self._plan(req, state, pkey, m, best.source)
         kv = m.kv_tokens
         return MatchResult(
             device_prefix_len=f,
             last_device_node=handle,
             last_host_node=handle,
-            best_match_node=handle,
+            best_match_node=best,
+            host_hit_length=best.prefix_len - f,
             cache_protected_len=BLOCK_TOKENS * (f // BLOCK_TOKENS),
             full_kv_hit_length=kv,
             full_device_match_len=kv,
         )
 
-    def _choose(self, m: Any) -> Snapshot | None:
-        """The source (§6.2-6.3): without a host tier the deepest device-resident snapshot;
-        with one, the cheapest of root / s* / s_dev that fits the free and evictable pages."""
-        if self.host is None or m.best is None or m.best is m.best_device:
-            return m.best_device
-        alloc = self.token_to_kv_pool_allocator
-        q = quote(
-            self.index,
-            m,
-            request_tokens=m.n + 1,
-            free_tokens=alloc.available_size(),
-            pool_tokens=alloc.size,
+    def _choose(self, m: Match) -> tuple[Snapshot | None, Snapshot | None]:
+        """(device source, host source) (§6.2): the device source is the deepest snapshot resident
+        on the device; the host source is the deepest valid one when it is not on the device and
+        restoring it is cheaper than prefilling from the device source. Capacity is left to
+        SGLang's admission budget (the restore's pages are part of the request's prefill there).
+        """
+        dev = m.best_device
+        if self.host is None or m.best is None or m.best is dev:
+            return dev, None
+        c = cheapest(self.index, m, request_tokens=m.n)
+        return dev, (c.snapshot if c.snapshot is m.best else None)
+
+    # ================================================================ load-back
+    def init_load_back(self, params: InitLoadBackParams) -> tuple[int, Any] | None:
+        """Restore the host source SGLang's admission accepted (§6.4-6.5): open its lane (path
+        and source pinned), bring host-only blocks, tail and image to the device, and hand SGLang
+        the restored length and the handle its admission locks next (the lock nests on this lane).
+
+        Returns None (retry in a later pass) when the device has no room for the pages even after
+        evicting; ``(0, device handle)`` (resume from the device source) when a copy failed.
+        """
+        req = params.req
+        star: MatchHandle = params.best_match_node
+        dev: MatchHandle = req.last_node
+        source = star.source
+        if self.disable or self.host is None or source is None or star is dev:
+            return 0, dev
+        kv = req.kv
+        if not kv.holds_mamba:  # a host image lands in the request's own state slot
+            got = self.mamba_allocator.alloc(1)
+            if got is None:
+                return None
+            kv.mamba_pool_idx = got[0]
+        assert star.match is not None and star.state is not None
+        lane = self.index.open_lane(star.match, source, enabled=star.state.enabled)
+        image_on_device = source.image_on_device
+        try:
+            restored = self.host.restore(lane.path, source, star.slot_of(req))
+        except RestoreFailed:
+            restored = False
+        if not restored:
+            self.index.release(lane)
+            self._free_dropped()
+            if restored is None:
+                return None
+            if dev.source is None:  # the slot may hold part of the image: start from zeros
+                kv.mamba_cow_src_index, kv.mamba_needs_clear = None, True
+            return 0, dev  # the copy-on-write set at match still points at s_dev
+        self._free_dropped()
+        star.lane = lane
+        star.state.restored_bytes += restored.nbytes
+        kv.mamba_needs_clear = False
+        kv.mamba_cow_src_index = (
+            torch.tensor([self.slot_id(source.device_slot)], dtype=torch.int64, device=self.device)
+            if image_on_device
+            else None  # the image was restored into the request's slot
         )
-        return q.choice.snapshot if q.readiness is Readiness.READY else m.best_device
+        kv.cache_protected_len = BLOCK_TOKENS * (star.prefix_len // BLOCK_TOKENS)
+        return star.prefix_len - dev.prefix_len, star
+
+    def load_back_is_cache_owned(self) -> bool:
+        # The restored blocks are the cache's, but a source inside a block also gives the request
+        # a private copy of the tail (freed with the request): init_load_back sets
+        # cache_protected_len to the block grid itself instead of SGLang's prefix_len.
+        return False
 
     def _empty_result(self) -> MatchResult:
         return MatchResult(
@@ -244,36 +335,41 @@ class HybridRadixCache(Publisher, BasePrefixCache):
             cache_protected_len=0,
         )
 
-    def _prepare_state_slot(self, req: Any, source: Snapshot | None) -> None:
-        """SGLang's deferred copy-on-write: the lane's slot gets the snapshot's state."""
+    def _prepare_state_slot(self, req: Any, source: Snapshot | None) -> bool:
+        """SGLang's deferred copy-on-write: the lane's slot gets the device source's state (a
+        host source's image is restored into the same slot by ``init_load_back`` instead).
+        False: no MambaPool slot to resume into (the caller resumes from the root; SGLang's
+        admission then waits for a slot as for any request)."""
         kv = req.kv
         if source is None:
             if kv.holds_mamba:
                 kv.mamba_cow_src_index = None
                 kv.mamba_needs_clear = True
-            return
+            return True
         if not kv.holds_mamba:
             dst = self.mamba_allocator.alloc(1)
             if dst is None:
-                raise RuntimeError(
-                    "no MambaPool slot free for an admitted request: raise --max-mamba-cache-size"
-                )
+                return False
             kv.mamba_pool_idx = dst[0]
         kv.mamba_needs_clear = False
-        if source.image_on_device:
-            kv.mamba_cow_src_index = torch.tensor(
-                [self.slot_id(source.device_slot)], dtype=torch.int64, device=self.device
-            )
-        else:  # the image comes back from the host into this slot when the lane opens
-            kv.mamba_cow_src_index = None
+        kv.mamba_cow_src_index = torch.tensor(
+            [self.slot_id(source.device_slot)], dtype=torch.int64, device=self.device
+        )
+        return True
 
-    def _plan(self, req: Any, state: ReqState, key: Any, m: Any, source: Snapshot | None) -> None:
+    def _plan(
+        self, req: Any, state: ReqState, key: PromptKey, m: Match, source: Snapshot | None
+    ) -> None:
         n = state.n_prompt
         if not state.enabled or n < 2:
             state.cuts, state.flexible = [], []
             return
         pkey = key.prefix(n) if key.n > n else key
+        planner = self.index.planner
+        dropped = planner.over_budget
         taps = self.index.plan_taps(pkey, m, source, tap_hints(req, n), n=n)
+        if planner.over_budget > dropped:
+            self.skips.note("tap_over_budget", req.rid, count=planner.over_budget - dropped)
         exact_tail = self.options.tail_tap == "exact"
         state.cuts = [
             t.position for t in taps if t.exact or (exact_tail and t.source is TapSource.TAIL)
@@ -282,6 +378,7 @@ class HybridRadixCache(Publisher, BasePrefixCache):
         state.boundary = {t.position for t in taps if t.boundary}
         state.taken = set()
         state.demand = {}
+        state.capture_grid = self.capture_grid
         if self.coalescer is not None:  # where waiting requests will resume (spec §12.2)
             base = source.frontier if source is not None else 0
             state.demand = self.coalescer.cuts_for(req.rid, pkey, base)
@@ -309,7 +406,8 @@ class HybridRadixCache(Publisher, BasePrefixCache):
 
     def _open(self, handle: MatchHandle) -> Any:
         """Locks of one handle nest (SGLang pins the match around admission, then the
-        admission locks it): they share one lane, closed by the last unlock."""
+        admission locks it; a load-back opened the lane before either): they share one lane,
+        closed by the last unlock."""
         if self.disable or handle.match is None:
             return None
         handle.locks += 1
@@ -319,19 +417,8 @@ class HybridRadixCache(Publisher, BasePrefixCache):
         if source is not None and source.id not in self.index.snapshots:
             raise RuntimeError(f"the matched snapshot {source} was evicted before admission")
         enabled = handle.state.enabled if handle.state is not None else False
-        lane = self.index.open_lane(handle.match, source, enabled=enabled)
-        handle.lane = lane
-        if source is not None and self.host is not None and not self._on_device(lane, source):
-            restored = self.host.restore(lane.path, source, handle.state_slot)
-            self._free_dropped()
-            if handle.state is not None:
-                handle.state.restored_bytes += restored.nbytes
-                handle.state.restored_tokens += restored.tokens
-        return lane
-
-    @staticmethod
-    def _on_device(lane: Any, source: Snapshot) -> bool:
-        return source.complete_on_device and all(n.on_device for n in lane.path)
+        handle.lane = self.index.open_lane(handle.match, source, enabled=enabled)
+        return handle.lane
 
     def _close(self, handle: MatchHandle) -> None:
         if handle.locks > 1:
@@ -340,6 +427,7 @@ class HybridRadixCache(Publisher, BasePrefixCache):
         handle.locks = 0
         lane = handle.lane
         if lane is not None and not lane.closed:
+            self._cancel_inpass(handle)  # a pass that never reached its checkpoint
             if self.host is not None:
                 self.host.write_lane(lane)  # write-through, one batch, at release (§7.6)
             self.index.release(lane)
@@ -399,8 +487,7 @@ class HybridRadixCache(Publisher, BasePrefixCache):
         if state is not None and last is not None and not state.prefetch_copied and room <= last:
             return 0
         tokens = req.origin_input_ids + req.output_ids
-        n = max(0, len(tokens) - 1)
-        key = key_for(state, tokens, n)
+        key = key_for(state, tokens, len(tokens))
         m = self.index.match(key)
         copied = self.host.prefetch(m.path, m.best)
         self._free_dropped()
@@ -448,7 +535,30 @@ class HybridRadixCache(Publisher, BasePrefixCache):
         return handles_to_slots(handles, self.device)
 
     def all_mamba_values_flatten(self) -> torch.Tensor:
-        return torch.tensor(self._slot_ids, dtype=torch.int64)
+        return torch.tensor(self._slot_ids, dtype=torch.int64, device=self.device)
 
     def sanity_check(self) -> None:
         self.index.check_integrity()
+
+    def stats(self) -> dict[str, int]:
+        """The index's counters, the skipped opportunities and the host tier's bytes."""
+        out = {f: getattr(self.index.stats, f) for f in self.index.stats.__dataclass_fields__}
+        out.update(self.skips.as_dict(), taps_in_pass=self.taps_in_pass)
+        if self.host is not None:
+            out.update(
+                host_written_bytes=self.host.written_bytes,
+                host_restored_bytes=self.host.restored_bytes,
+                host_restored_blocks=self.host.restored_blocks,
+                host_prefetched_blocks=self.host.prefetched_blocks,
+            )
+        return out
+
+    def decision_counters(self) -> tuple[int, ...]:
+        """What this rank decided so far, for the TP rank check (``ranks.py``)."""
+        return (
+            *self.stats().values(),
+            self.index.device_tokens,
+            self.index.evictable_tokens,
+            len(self.index.snapshots),
+            self.index.slots.free,
+        )

@@ -12,6 +12,11 @@ tail) shortens the pass that would run past p. Three hooks on SGLang's ``Prefill
 - after ``add_chunked_req`` (the request being chunked): the same clamp and grid floor on its
   next chunk. Shrinking a chunk after the budget check is always safe.
 
+With in-pass capture (``--hybrid-tap-mode zero-split``) a tap on the pass's 64-token grid does not
+end the pass: once the pass's extent is final (after the admission is committed, or the chunked
+request's next chunk is sized) the cache reserves a snapshot slot for each such tap and asks the
+model worker to copy the state there during the forward (``cpu/taps.py``'s protocol).
+
 Requests the cache does not plan for (no ``req.hybrid`` state) are left alone.
 """
 
@@ -39,11 +44,30 @@ def _cut(req: Any, prefix: int, end: int, natural_cut: bool) -> int | None:
     return None
 
 
+def tail_pages(req: Any, page_size: int) -> int:
+    """Tokens of the pages a request resuming inside a block needs beyond SGLang's budget: the
+    private copy of its source's tail (§6.4), made when SGLang first asks for its prefix slots."""
+    handle = getattr(req, "best_match_node", None) if req.host_hit_length else None
+    handle = handle or getattr(req, "last_node", None)
+    source = getattr(handle, "source", None)
+    if source is None or not source.tail:
+        return 0
+    return -(-source.tail_len // page_size) * page_size
+
+
 def after_select_admission(result: Any, adder: Any, req: Any, *args: Any, **kwargs: Any) -> Any:
     from sglang.srt.managers.schedule_policy import AddReqResult, _PrefillAdmission
 
     if not isinstance(result, _PrefillAdmission):
         return None
+    extra = tail_pages(req, adder.page_size) if getattr(req, ATTR, None) is not None else 0
+    budget = getattr(adder, "memory_budget", None)
+    # The tail copy's pages come on top of the extend SGLang budgets; the pass allocates both at
+    # once, so both must fit now (a copy finding no page would stop the scheduler). Only the
+    # immediate need is checked: the output budget already covers as much in most requests, and
+    # a request that fits an idle pool is never refused here.
+    if extra and budget is not None and result.extend_len + extra >= budget.remaining_current:
+        return AddReqResult.NO_TOKEN
     end = result.prefix_len + result.extend_len
     new_end = _cut(req, result.prefix_len, end, result.is_chunked)
     chunked = result.is_chunked or new_end is not None
@@ -59,8 +83,15 @@ def after_select_admission(result: Any, adder: Any, req: Any, *args: Any, **kwar
 
 
 def after_commit_admission(result: Any, adder: Any, req: Any, admission: Any, *a: Any) -> None:
-    if admission.is_chunked and getattr(req, ATTR, None) is not None:
+    if getattr(req, ATTR, None) is None:
+        return None
+    if admission.is_chunked:
         adder.rem_chunk_tokens = 0
+    extra = tail_pages(req, adder.page_size)
+    budget = getattr(adder, "memory_budget", None)
+    if extra and budget is not None:  # reserve() adds a page of its own
+        budget.reserve(0, 0, extra_tokens=extra - adder.page_size)
+    _reserve_inpass(adder, req)  # the lane is open now (the admission locked it)
     return None
 
 
@@ -69,7 +100,15 @@ def after_add_chunked_req(result: Any, adder: Any, req: Any, *args: Any, **kwarg
         return None  # not scheduled this pass
     full = len(req.full_untruncated_fill_ids)
     new_end = _cut(req, req.prefix_len, req.extend_end, req.extend_end < full)
-    if new_end is None:
-        return None
-    req.extend_end = new_end
-    return req  # still chunked
+    if new_end is not None:
+        req.extend_end = new_end
+    _reserve_inpass(adder, req)
+    return req if new_end is not None else None  # still chunked when cut
+
+
+def _reserve_inpass(adder: Any, req: Any) -> None:
+    """With in-pass capture, reserve the snapshot slots of the taps this pass passes over."""
+    cache = adder.tree_cache
+    reserve = getattr(cache, "reserve_inpass", None)
+    if reserve is not None and getattr(req, ATTR).capture_grid:
+        reserve(req, req.prefix_len, req.extend_end)

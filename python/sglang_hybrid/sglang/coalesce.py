@@ -46,9 +46,10 @@ class Coalescer:
         self.cuts: dict[str, dict[int, int]] = {}
         self.holds: dict[str, int] = {}  # held rid -> consecutive passes held
         self.demand: PrefixDemand[str] = PrefixDemand()  # the waiting queue's prompts, by rid
-        self._queue_seen: tuple[int, int, int] = (0, 0, 0)
+        self._queue_seen: tuple[int, str, str] = (0, "", "")
         self._window_seen: tuple[Any, ...] = ()
         self._held: list[Any] = []  # the last decision, reused while nothing changed
+        self._held_now: tuple[str, ...] = ()  # held by the passes since ``take_held``
 
     # ------------------------------------------------------------ the pass
     def select(self, scheduler: Any) -> list[Any]:
@@ -63,11 +64,13 @@ class Coalescer:
         window = self._window(scheduler, queue)
         # While the queue is blocked (a full pool), SGLang calls this every iteration: the same
         # window over the same tree decides the same, so only the pass counts move (O(window)).
+        # Keyed by request ids, never id(): every TP rank must decide the same, and CPython
+        # reuses addresses differently on each rank (issue #10).
         seen = (
-            id(chunked),
+            chunked.rid if chunked is not None else None,
             getattr(chunked, "prefix_len", 0) if chunked is not None else 0,
             self.cache.index.epoch,
-            tuple(map(id, window)),
+            tuple(r.rid for r in window),
         )
         if seen == self._window_seen and all(
             self.holds.get(r.rid, MAX_HOLD_PASSES) < MAX_HOLD_PASSES for r in self._held
@@ -75,6 +78,7 @@ class Coalescer:
             for r in self._held:
                 self.holds[r.rid] += 1
             self.cache.index.stats.coalesce_holds += len(self._held)
+            self._held_now += tuple(r.rid for r in self._held)
             return list(self._held)
         self._window_seen = seen
         inflight: InflightPrefixes[Any] = InflightPrefixes()
@@ -104,6 +108,7 @@ class Coalescer:
         self.holds = holds
         self._held = held
         self._prune(scheduler)
+        self._held_now += tuple(r.rid for r in held)
         return list(held)
 
     @staticmethod
@@ -175,7 +180,7 @@ class Coalescer:
         either end) is caught at the next change; meanwhile a demand tap may be missed or
         spurious, never wrong (taps are optional; hits compare bytes).
         """
-        fingerprint = (len(queue), id(queue[0]), id(queue[-1])) if queue else (0, 0, 0)
+        fingerprint = (len(queue), queue[0].rid, queue[-1].rid) if queue else (0, "", "")
         if fingerprint == self._queue_seen:
             return
         self._queue_seen = fingerprint
@@ -189,6 +194,11 @@ class Coalescer:
         for rid, req in current.items():
             if rid not in demand and (key := self._key(req)) is not None:
                 demand.add(rid, key)
+
+    def take_held(self) -> tuple[str, ...]:
+        """Request ids held since the last call (the rank check's per-pass record)."""
+        held, self._held_now = self._held_now, ()
+        return held
 
     def forget(self, rid: str) -> None:
         self.cuts.pop(rid, None)
@@ -239,6 +249,8 @@ def around_prefill_pass(orig: Any, scheduler: Any, *args: Any, **kwargs: Any) ->
     if not held:
         return orig(scheduler, *args, **kwargs)
     order = list(scheduler.waiting_queue)
+    # Object identity within one pass (every object alive throughout): membership only, no
+    # order or decision depends on the values of id().
     held_ids = {id(r) for r in held}
     scheduler.waiting_queue = [r for r in order if id(r) not in held_ids]
     try:

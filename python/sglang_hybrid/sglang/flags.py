@@ -23,6 +23,9 @@ BACKEND = "hybrid"
 ATTR = "_hybrid_options"
 FLAG_TAIL = "--hybrid-tail-tap"
 FLAG_COALESCE = "--hybrid-coalesce"
+FLAG_CHECK_RANKS = "--hybrid-check-ranks"
+FLAG_TAP_MODE = "--hybrid-tap-mode"
+TapMode = Literal["split", "zero-split", "auto"]
 
 
 @dataclass(slots=True)
@@ -34,6 +37,8 @@ class HybridOptions:
     tap_min_gap: int | None = None
     tail_tap: Literal["exact", "flexible"] = "exact"
     coalesce: bool = True
+    check_ranks: bool = False
+    tap_mode: TapMode = "auto"
     extra: dict[str, Any] = field(default_factory=dict)  # set by other layers (e.g. CPU worker)
 
 
@@ -106,6 +111,22 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         "one waits for that one's snapshot at their divergence instead of prefilling the prefix "
         "again (default on; --no-hybrid-coalesce turns it off).",
     )
+    g.add_argument(
+        FLAG_TAP_MODE,
+        choices=("split", "zero-split", "auto"),
+        default="auto",
+        help="How a tap on the pass's 64-token grid is captured: 'split' ends the prefill pass "
+        "there; 'zero-split' has the model worker copy the state inside the pass (no extra pass; "
+        "needs a worker that offers in-pass state taps); 'auto' takes zero-split where the worker "
+        "offers it, split otherwise (default auto). Taps off the grid (inside a block) split.",
+    )
+    g.add_argument(
+        FLAG_CHECK_RANKS,
+        action="store_true",
+        help="Compare a digest of every pass's cache decisions (batch, taps, holds, evictions) "
+        "across the TP group and stop the server with an error on the first divergence (one "
+        "small all-reduce per scheduler iteration; for validating a deployment).",
+    )
 
 
 def options_from_namespace(args: argparse.Namespace) -> HybridOptions:
@@ -117,6 +138,8 @@ def options_from_namespace(args: argparse.Namespace) -> HybridOptions:
         tap_min_gap=args.hybrid_tap_min_gap,
         tail_tap=args.hybrid_tail_tap,
         coalesce=args.hybrid_coalesce,
+        check_ranks=args.hybrid_check_ranks,
+        tap_mode=args.hybrid_tap_mode,
     )
 
 

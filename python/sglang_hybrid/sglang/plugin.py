@@ -57,6 +57,12 @@ def register() -> None:
         around,
     )
     HookRegistry.register(
+        "sglang.srt.managers.scheduler.Scheduler.get_next_batch_to_run", _after_next_batch, after
+    )
+    HookRegistry.register(
+        "sglang.srt.managers.scheduler.Scheduler.flush_cache", _after_flush, after
+    )
+    HookRegistry.register(
         "sglang.srt.managers.scheduler_components.output_streamer.SchedulerOutputStreamer"
         ".get_cached_tokens_details",
         _cached_tokens_details,
@@ -70,6 +76,20 @@ def register() -> None:
     )
     HookRegistry.register(
         f"{chat}._render_and_encode_chat_template", chat_server.around_render, around
+    )
+    # Empty prompts answer 400 instead of reaching the model (``prompts.py``); every server with
+    # the package installed, since a zero-token prompt has no meaning under any cache.
+    from . import prompts
+
+    HookRegistry.register(
+        "sglang.srt.managers.io_struct.GenerateReqInput.normalize_batch_and_arguments",
+        prompts.before_normalize,
+        HookType.BEFORE,
+    )
+    HookRegistry.register(
+        "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request",
+        prompts.before_validate_one,
+        HookType.BEFORE,
     )
 
 
@@ -85,6 +105,23 @@ def _from_cli_args(server_args: Any, cls: Any, args: Any) -> None:
 
     if hasattr(args, "hybrid_host_cache_mib"):
         setattr(server_args, ATTR, options_from_namespace(args))
+    if _uses_hybrid(args):
+        _check_hooks()  # the launcher's first call into the plugin that knows the backend
+
+
+def _check_hooks() -> None:
+    """Refuse to start unless every hook this plugin registered is live (``checks.py``).
+
+    Run in each process that loads plugins and serves the backend, as soon as the plugin knows
+    the backend is selected: in the launcher when the CLI is parsed (``_from_cli_args``) and when
+    SGLang resolves the arguments (``_before_resolve``, also the first call for ``Engine`` built
+    in code), before any process is spawned; in each scheduler when it builds the cache
+    (``build_cache``), before the first request. SGLang applies hooks in ``load_plugins`` before
+    either, and every process applies all of them, so each check covers the whole list.
+    """
+    from .checks import check_hooks_applied
+
+    check_hooks_applied(__name__.rpartition(".")[0] + ".")
 
 
 def _uses_hybrid(view: Any) -> bool:
@@ -95,11 +132,53 @@ def _uses_hybrid(view: Any) -> bool:
 
 def _before_resolve(server_args: Any, *args: Any, **kwargs: Any) -> None:
     """Explicit flags the backend cannot honour, refused before SGLang's own resolution (whose
-    messages do not know the fix for this backend)."""
+    messages do not know the fix for this backend); then what the cache needs where the
+    operator left SGLang to choose."""
     if _uses_hybrid(server_args):
         from .checks import check_server_args
 
+        _check_hooks()
         check_server_args(server_args, resolved=False)
+        _choose_where_unset(server_args)
+
+
+_CHOICE_SOURCE = "sglang_hybrid (--radix-cache hybrid)"
+
+
+def _choose_where_unset(server_args: Any) -> None:
+    """Declare overlap scheduling off and the no_buffer strategy unless the operator chose.
+
+    The raw fields stay what the operator typed: the choice is a resolution declaration
+    (``declare_resolution``, the way SGLang's own handlers decide), made before the pipeline runs
+    so every later step reads it through the resolving view (``_mamba_radix_cache_resolution``
+    and model overrides then see ``no_buffer`` rather than ``auto``; SGLang's no_buffer validation
+    sees overlap off). ``run_resolution_pipeline`` keeps declarations made before it, they ride
+    in ``_resolved_overrides`` through the pickle into the scheduler, and publication projects
+    them into the config bags the scheduler reads (``get_schedule().disable_overlap_schedule``).
+    Once per record: a resolved (or failed) record is never resolved again, and each spawned
+    process receives the resolved one, so the choice is logged once, in the launching process.
+    """
+    if getattr(server_args, "_resolution_finished", False) or getattr(
+        server_args, "_resolution_failed", False
+    ):
+        return
+    stash = getattr(server_args, "_resolved_overrides", None) or ()
+    if any(source == _CHOICE_SOURCE for source, _ in stash):
+        return
+    from sglang.srt.arg_groups.overrides import declare_resolution
+
+    from .checks import choices_for_unset
+
+    choices = choices_for_unset(_resolved(server_args))
+    if not choices:
+        return
+    declare_resolution(
+        server_args, _CHOICE_SOURCE, **{name: value for name, (value, _) in choices.items()}
+    )
+    for name, (_value, why) in choices.items():
+        # Overlap scheduling off costs throughput the operator may expect: a warning.
+        level = logging.WARNING if name == "disable_overlap_schedule" else logging.INFO
+        logger.log(level, "--radix-cache hybrid: %s", why)
 
 
 def _after_resolve(result: Any, server_args: Any, *args: Any, **kwargs: Any) -> None:
@@ -152,34 +231,72 @@ def _around_prefill_pass(orig: Any, scheduler: Any, *args: Any, **kwargs: Any) -
     return result
 
 
+def _after_flush(flushed: Any, scheduler: Any, *args: Any, **kwargs: Any) -> None:
+    """The cache takes its snapshot slots back right after a flush (``after_flush``)."""
+    from .cache import HybridRadixCache
+
+    cache = getattr(scheduler, "tree_cache", None)
+    if flushed and isinstance(cache, HybridRadixCache):
+        cache.after_flush()
+
+
+def _after_next_batch(plan: Any, scheduler: Any, *args: Any, **kwargs: Any) -> None:
+    """The TP rank check (``ranks.py``): record what this pass decided, compare if asked."""
+    cache = getattr(scheduler, "tree_cache", None)
+    check = getattr(cache, "rank_check", None)
+    if check is not None:
+        check.after_pass(scheduler, getattr(plan, "batch_to_run", None))
+
+
 def _cached_tokens_details(result: Any, streamer: Any, req: Any, *args: Any) -> Any:
-    """Report what the host tier restored with the request's cached tokens: SGLang's
-    ``cached_tokens_details`` then splits device and host hits, and carries the bytes."""
+    """Add the bytes the host tier restored to SGLang's ``cached_tokens_details``. SGLang splits
+    device and host tokens itself from the load-back (``host_loaded_length``): the host part is
+    what the host source added beyond the device source."""
     from .request import ATTR
 
     state = getattr(req, ATTR, None)
-    if state is None or not state.restored_tokens or not req.cached_tokens:
+    if state is None or not state.restored_bytes or not req.cached_tokens:
         return None
-    host = min(state.restored_tokens, req.cached_tokens)
-    details = dict(result or {})
-    details.update(
-        device=req.cached_tokens - host, host=host, hybrid_restored_bytes=state.restored_bytes
-    )
+    details = dict(result or {"device": req.cached_tokens, "host": 0})
+    details["hybrid_restored_bytes"] = state.restored_bytes
     return details
 
 
 # ---------------------------------------------------------------- the factory
+def _resolve_tap_mode(opts: Any, worker: Any) -> Any:
+    """``--hybrid-tap-mode auto``: zero-split where the model worker captures states inside a
+    pass (``state_taps``: the CPU workers), split otherwise. SGLang's own GPU worker offers no
+    such capture in this build (the GDN hook is future work, docs/sglang-backend.md), so an
+    explicit zero-split there is refused rather than silently splitting."""
+    import dataclasses
+
+    from ..index import ConfigError
+    from .flags import FLAG_TAP_MODE
+
+    offers = bool(getattr(worker, "state_taps", False))
+    if opts.tap_mode == "zero-split" and not offers:
+        raise ConfigError(
+            f"{FLAG_TAP_MODE} zero-split: the model worker ({type(worker).__name__}) does not "
+            f"capture recurrent states inside a prefill pass; use {FLAG_TAP_MODE} split or auto"
+        )
+    if opts.tap_mode == "auto":
+        return dataclasses.replace(opts, tap_mode="zero-split" if offers else "split")
+    return opts
+
+
 def build_cache(ctx: Any) -> Any:
     """``register_radix_cache_backend`` factory: runs in each scheduler process at startup."""
     from ..index import ConfigError
     from .cache import HybridRadixCache
-    from .checks import check_pools, check_server_args
+    from .checks import check_kv_pool, check_pools, check_server_args
     from .flags import get_options, resolve
 
     sa = ctx.server_args
+    _check_hooks()
     check_server_args(_resolved(sa), resolved=True)
     opts = get_options(sa)
     params = ctx.params
+    check_kv_pool(params.token_to_kv_pool_allocator.get_kvcache())
     pool = params.req_to_token_pool
     concurrency = int(pool.size)
     chunk = params.chunked_prefill_size or 0
@@ -205,7 +322,12 @@ def build_cache(ctx: Any) -> Any:
             f"--radix-cache hybrid serves hybrid models; {arch} has no recurrent "
             f"layers: drop --radix-cache hybrid"
         )
+    opts = _resolve_tap_mode(opts, ctx.tp_worker)
     cache = HybridRadixCache(params, config=config, options=opts)
+    if opts.check_ranks:
+        from .ranks import RankCheck
+
+        cache.rank_check = RankCheck(params.tp_cache_group)
     logger.info(
         "sglang-hybrid cache%s: %s; page size %d, block bundle %d B, state image %d B",
         " (disabled by --disable-radix-cache)" if params.disable else "",

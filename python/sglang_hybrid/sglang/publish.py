@@ -16,14 +16,16 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..cpu.taps import TAPS_ATTR, TAPS_DONE_ATTR
 from ..index import BLOCK_TOKENS, CommitKind, Snapshot, SnapshotKind
 from ..store.device import handles_to_slots, slots_to_handle
-from .request import ATTR, MatchHandle, ReqState, key_for
+from .request import ATTR, InPassTap, MatchHandle, ReqState, key_for
 
 if TYPE_CHECKING:
     from ..index import PrefixIndex
     from ..store.device import DevicePools
     from .host_tier import HostTier
+    from .skips import Skips
 
 
 def ceil_to(x: int, m: int) -> int:
@@ -43,6 +45,8 @@ class Publisher:
     token_to_kv_pool_allocator: Any
     mamba_allocator: Any
     _slot_ids: list[int]
+    skips: Skips
+    taps_in_pass: int  # taps the model worker captured inside a pass (zero-split)
     slot_id: Callable[[int], int]  # index snapshot slot -> MambaPool slot
 
     def checkpoint(self, req: Any, *, up_to: int, **kwargs: Any) -> None:
@@ -79,10 +83,16 @@ class Publisher:
             # The first pass has run: SGLang's copy-on-write and our tail copy are done.
             self.index.unpin_sources(lane)
             state.sources_unpinned = True
+            missed = state.best_frontier - handle.prefix_len
+            if missed > 0:  # a tier held a deeper state than this request resumed from
+                self.skips.note("recomputed_held", f"{req.rid}: {missed} tokens")
+                self.skips.recomputed_tokens += missed
         row = self.req_to_token_pool.req_to_token[req.kv.req_pool_idx]
         key = key_for(state, req.full_untruncated_fill_ids, up_to)
         self._commit(lane, key, row, up_to)
         protected = BLOCK_TOKENS * len(lane.path)
+        if handle.inpass:
+            self._settle_inpass(req, handle, state, lane, key, row, up_to)
         if finished:
             protected = self._finish(req, lane, key, row, up_to, protected)
         else:
@@ -132,6 +142,68 @@ class Publisher:
         demand = max((state.demand.get(p, 0) for p in due), default=0)
         self._take_snapshot(req, lane, key, row, up_to, kind, demand)
 
+    # ---------------------------------------------------------------- in-pass taps
+    def reserve_inpass(self, req: Any, start: int, end: int) -> None:
+        """Before the pass [start, end): a staging slot for each tap on its grid, handed to the
+        model worker as ``req.hybrid_state_taps`` (``cpu/taps.py``)."""
+        state: ReqState | None = getattr(req, ATTR, None)
+        lock = getattr(req, "lock", None)
+        if state is None or lock is None or not state.enabled:
+            return
+        handle: MatchHandle = lock.node
+        lane = handle.lane
+        if lane is None or lane.closed:
+            return
+        self._cancel_inpass(handle)  # a previous pass's leftovers (never the case normally)
+        if not self._slot_ids:  # the snapshot slots are not reserved again yet (after a flush)
+            return
+        for p in state.capturable(start, end):
+            kind = SnapshotKind.BOUNDARY if p in state.boundary else SnapshotKind.TAP
+            demand = state.demand.get(p, 0)
+            slot = self.index.reserve_slot(lane, p, kind, demand)
+            if slot is None:
+                self.skips.note("tap_no_slot", f"{req.rid} at {p}")
+                state.taken.add(p)
+                continue
+            handle.inpass.append(InPassTap(p, slot, kind, demand))
+        setattr(req, TAPS_ATTR, [(t.position, self.slot_id(t.slot)) for t in handle.inpass])
+        setattr(req, TAPS_DONE_ATTR, [])
+        self._free_dropped()  # a slot's victim may have left a tail's pages to hand back
+
+    def _settle_inpass(
+        self,
+        req: Any,
+        handle: MatchHandle,
+        state: ReqState,
+        lane: Any,
+        key: Any,
+        row: torch.Tensor,
+        up_to: int,
+    ) -> None:
+        """The pass ran: publish what the worker captured, hand back the other slots."""
+        done = set(getattr(req, TAPS_DONE_ATTR, None) or ())
+        taps, handle.inpass = handle.inpass, []
+        setattr(req, TAPS_ATTR, None)
+        for t in taps:
+            if t.position not in done or t.position > up_to:
+                self.index.cancel_slot(t.slot, lane, t.position, t.kind)
+                continue
+            state.taken.add(t.position)
+            tail = None
+            if t.position % BLOCK_TOKENS:
+                tail = self._copy_request_tail(row, t.position)
+                if tail is None:
+                    self.skips.note("tap_no_tail_page", f"{req.rid} at {t.position}")
+                    self.index.cancel_slot(t.slot, lane, t.position, t.kind)
+                    continue
+            if self._publish_staged(lane, key, t.position, t.slot, t.kind, tail, t.demand):
+                self.taps_in_pass += 1
+
+    def _cancel_inpass(self, handle: MatchHandle) -> None:
+        taps, handle.inpass = handle.inpass, []
+        for t in taps:
+            self.index.cancel_slot(t.slot, handle.lane, t.position, t.kind)
+
     def _take_snapshot(
         self,
         req: Any,
@@ -142,15 +214,33 @@ class Publisher:
         kind: SnapshotKind,
         demand: int = 0,
     ) -> Snapshot | None:
+        if not self._slot_ids:  # the snapshot slots are not reserved again yet (after a flush)
+            return None
         tail = self._copy_request_tail(row, frontier) if frontier % BLOCK_TOKENS else None
         if frontier % BLOCK_TOKENS and tail is None:
-            return None  # no KV room for the tail: skip the tap (§9.2: snapshots are optional)
+            # No KV room for the tail even after evicting: skip the tap (§9.2: optional).
+            self.skips.note("tap_no_tail_page", f"{req.rid} at {frontier}")
+            return None
         slot = self.index.reserve_slot(lane, frontier, kind, demand)
         if slot is None:
+            self.skips.note("tap_no_slot", f"{req.rid} at {frontier}")
             if tail is not None:
                 self.token_to_kv_pool_allocator.free(tail)
             return None
-        self.pools.copy_state(int(req.kv.mamba_pool_idx), self.slot_id(slot))
+        self.pools.copy_state(req.lock.node.slot_of(req), self.slot_id(slot))
+        return self._publish_staged(lane, key, frontier, slot, kind, tail, demand)
+
+    def _publish_staged(
+        self,
+        lane: Any,
+        key: Any,
+        frontier: int,
+        slot: int,
+        kind: SnapshotKind,
+        tail: torch.Tensor | None,
+        demand: int,
+    ) -> Snapshot | None:
+        """Publish the state staged in ``slot`` (and ``tail``, a cache-owned KV copy)."""
         s = self.index.publish(
             lane,
             key,
@@ -171,11 +261,18 @@ class Publisher:
         """Cache-owned pages holding a copy of the request's KV in [floor64(f), f), or None.
 
         The request keeps its own pages (it still computes into them), so an exact tap inside a
-        block pays a copy of at most 63 tokens. Never evicts: a tap is not worth displacing cache.
+        block pays a copy of at most 63 tokens. Like any allocation it evicts cached blocks by
+        the device LRU when the pool is short: evictable cache is free memory in a server that
+        has run for a while, and the request's own path is pinned by its lane (issue #11).
         """
         base = BLOCK_TOKENS * (frontier // BLOCK_TOKENS)
         need = ceil_to(frontier, self.page_size) - base
-        dst = self.token_to_kv_pool_allocator.alloc(need)
+        alloc = self.token_to_kv_pool_allocator
+        dst = alloc.alloc(need)
+        if dst is None:
+            self.index.evict_device(need - alloc.available_size())
+            self._free_dropped()
+            dst = alloc.alloc(need)
         if dst is None:
             return None
         t = frontier - base
@@ -191,7 +288,13 @@ class Publisher:
         took_slot = False
         # The live state sits after every committed token; a stop that trims the output leaves
         # it ahead of the KV the request keeps, and then there is no exact endpoint to publish.
-        if lane.enabled and f == live and f >= BLOCK_TOKENS and f - self._deepest(lane, f) >= 64:
+        if (
+            lane.enabled
+            and self._slot_ids
+            and f == live
+            and f >= BLOCK_TOKENS
+            and f - self._deepest(lane, f) >= 64
+        ):
             slot = self.index.reserve_slot(lane, f, SnapshotKind.ENDPOINT)
             if slot is not None:
                 base = BLOCK_TOKENS * (f // BLOCK_TOKENS)
@@ -211,8 +314,10 @@ class Publisher:
                 if s is not None:
                     # The state slot becomes the snapshot's; the slot it displaced goes back.
                     old = self._slot_ids[slot]
-                    self._slot_ids[slot] = int(req.kv.mamba_pool_idx)
-                    self.mamba_allocator.free(torch.tensor([old], dtype=torch.int64))
+                    self._slot_ids[slot] = req.lock.node.slot_of(req)
+                    self.mamba_allocator.free(
+                        torch.tensor([old], dtype=torch.int64, device=self.device)
+                    )
                     req.kv.mamba_pool_idx = None
                     took_slot = True
                     if tail is not None:

@@ -10,15 +10,25 @@ once, extended as tokens arrive) and its planned taps.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
-from ..index import BLOCK_TOKENS, Lane, Match, PromptKey, Snapshot
+from ..index import BLOCK_TOKENS, Lane, Match, PromptKey, Snapshot, SnapshotKind
 from ..index.keys import xxh3_chain
 
 ATTR = "hybrid"
+
+
+class InPassTap(NamedTuple):
+    """A tap the model worker captures inside the next pass (``--hybrid-tap-mode zero-split``):
+    the snapshot slot reserved for it before the forward, published at the pass's checkpoint."""
+
+    position: int
+    slot: int  # index snapshot slot (staging)
+    kind: SnapshotKind
+    demand: int
 
 
 @dataclass(slots=True, eq=False)
@@ -30,12 +40,21 @@ class MatchHandle:
     lane: Lane | None = None  # opened by the first lock(), closed by the last unlock()
     locks: int = 0
     tail_copy: torch.Tensor | None = None  # the lane's private copy of the source's tail KV
-    state_slot: int | None = None  # the request's MambaPool slot (a host image lands there)
+    state_slot: int | None = None  # the request's MambaPool slot id, read once (``slot_of``)
+    inpass: list[InPassTap] = field(default_factory=list)  # reserved for the pass in flight
     children: dict = field(default_factory=dict)  # SGLang's dfs_weight_order walks .children
 
     @property
     def blocks(self) -> int:
         return self.prefix_len // BLOCK_TOKENS
+
+    def slot_of(self, req: Any) -> int:
+        """The request's MambaPool slot id. Reading a device tensor's value is a device->host
+        sync, so it is read once per admission (a retracted request is matched anew, with a new
+        handle, and may get another slot)."""
+        if self.state_slot is None:
+            self.state_slot = int(req.kv.mamba_pool_idx)
+        return self.state_slot
 
 
 @dataclass(slots=True, eq=False)
@@ -48,18 +67,36 @@ class ReqState:
     boundary: set[int] = field(default_factory=set)  # positions published as Boundary
     demand: dict[int, int] = field(default_factory=dict)  # position -> requests waiting for it
     taken: set[int] = field(default_factory=set)
+    capture_grid: int = 0  # zero-split: taps on the pass's grid of this many tokens (0: split)
+    best_frontier: int = 0  # the deepest state any tier held at the last match
     sources_unpinned: bool = False
     tail_copied: int = 0  # tokens of the source's tail copied into the request's own pages
-    restored_tokens: int = 0  # of the reused prefix, tokens that came back from the host tier
     restored_bytes: int = 0
     prefetch_room: int | None = None  # spare device room at the last prefetch attempt
     prefetch_copied: int = 0
 
     def next_cut(self, after: int) -> int | None:
+        """The first exact tap past ``after`` that must end the pass starting there: all of
+        them when splitting; with in-pass capture, those off the pass's grid."""
+        g = self.capture_grid
         for p in self.cuts:
-            if p > after:
+            if p > after and not (g and (p - after) % g == 0):
                 return p
         return None
+
+    def capturable(self, start: int, end: int) -> list[int]:
+        """Taps due strictly inside the pass [start, end) that the worker can capture there:
+        exact taps on the pass's grid, and flexible taps unless the pass ends on the block grid
+        before the prompt's end (then they are taken at that chunk end, as when splitting)."""
+        g = self.capture_grid
+        if not g:
+            return []
+        flexible = () if end % BLOCK_TOKENS == 0 and end < self.n_prompt else self.flexible
+        return sorted(
+            p
+            for p in {*self.cuts, *flexible}
+            if start < p < end and (p - start) % g == 0 and p not in self.taken
+        )
 
 
 def token_bytes(tokens: Any, begin: int = 0, end: int | None = None) -> bytes:

@@ -19,14 +19,16 @@ def slots_to_handle(slots: torch.Tensor) -> bytes:
     return slots.to(device="cpu", dtype=torch.int32).numpy().tobytes()
 
 
-def handle_to_slots(handle: bytes, device: torch.device | str = "cpu") -> torch.Tensor:
+def handle_to_slots(handle: bytes, device: torch.device | str) -> torch.Tensor:
+    """Slot ids of a handle as int64 on ``device``: the pool's device for anything handed to
+    SGLang's pools and allocators, ``"cpu"`` only for copy metadata (``store.transfer``)."""
     if not handle:
         return torch.empty(0, dtype=torch.int64, device=device)
     out = torch.from_numpy(np.frombuffer(handle, dtype=np.int32).astype(np.int64))
-    return out.to(device) if str(device) != "cpu" else out
+    return out.to(device, non_blocking=True)  # a no-op on the CPU
 
 
-def handles_to_slots(handles: Iterable[bytes], device: torch.device | str = "cpu") -> torch.Tensor:
+def handles_to_slots(handles: Iterable[bytes], device: torch.device | str) -> torch.Tensor:
     return handle_to_slots(b"".join(list(handles)), device)
 
 

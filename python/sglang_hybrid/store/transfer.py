@@ -68,8 +68,32 @@ def _consecutive(slots: torch.Tensor) -> bool:
     )
 
 
+def _kernel_ext(staging: str, on_cuda: bool) -> object | None:
+    """``sgl_kernel_ext`` when block copies should go through a staging buffer: ``"auto"`` on a
+    GPU whose extension is built, ``"always"`` wherever the package imports (on the CPU its torch
+    references run: tests), ``"never"``."""
+    if staging == "never" or (staging == "auto" and not on_cuda):
+        return None
+    try:
+        import sgl_kernel_ext as kx
+    except ImportError:
+        return None
+    if staging == "auto" and not kx.extension_available():
+        return None
+    return kx
+
+
 class SlabCopier:
-    """Byte copies for one layout, one set of pools and one host memory."""
+    """Byte copies for one layout, one set of pools and one host memory.
+
+    Whole blocks move in one of two ways. The per-block path (the reference, and the CPU path)
+    gathers or scatters each block's rows plane by plane, coalescing runs of consecutive slots.
+    The staged path (``sgl_kernel_ext``, on a GPU with the extension built) gathers every block
+    of a batch, all planes, into one device staging buffer laid out exactly as the slabs in one
+    launch, and moves it with one copy per run of consecutive slabs; a restore copies the
+    staging buffer up once and scatters it layer by layer in forward order. Tails (fewer rows)
+    always take the per-block path.
+    """
 
     def __init__(
         self,
@@ -77,15 +101,73 @@ class SlabCopier:
         memory: HostMemory,
         kv_buffers: list[torch.Tensor],
         state_tensors: list[torch.Tensor],
+        *,
+        staging: str = "auto",
     ) -> None:
         self.layout = layout
         self.memory = memory
+        self.kv_buffers = kv_buffers
         self.kv_rows = [_u8_rows(b) for b in kv_buffers]
         self.state = state_tensors
         on_cuda = bool(kv_buffers) and kv_buffers[0].is_cuda and memory.pinned
         self.memcpy2d = Memcpy2D() if on_cuda else None
         if self.memcpy2d is not None and not self.memcpy2d.available:
             self.memcpy2d = None  # torch's copy_ stays correct, only slower for runs
+        self.kx = _kernel_ext(staging, bool(kv_buffers) and kv_buffers[0].is_cuda)
+        self._staging: torch.Tensor | None = None  # reused: every batch is waited for
+
+    # ---------------------------------------------------------------- staged blocks
+    def staged(self, items: Sequence[BlockCopy]) -> bool:
+        return self.kx is not None and bool(items)
+
+    def _staging_for(self, n: int) -> torch.Tensor:
+        buf = self._staging
+        if buf is None or buf.shape[0] < n:
+            device = self.kv_buffers[0].device
+            buf = torch.empty((n, self.layout.slab_bytes), dtype=torch.uint8, device=device)
+            self._staging = buf
+        return buf[:n]
+
+    def stage_out(self, items: Sequence[BlockCopy]) -> int:
+        """Device blocks -> staging (one launch) -> host slabs (one copy per slab run)."""
+        staging = self._staging_for(len(items))
+        slots = torch.stack([it.slots for it in items])
+        self.kx.kv_blocks_to_staging(self.kv_buffers, slots, staging, layout=self.layout)  # type: ignore[attr-defined]
+        return self._slab_runs(items, staging, to_host=True)
+
+    def stage_in(self, items: Sequence[BlockCopy]) -> torch.Tensor:
+        """Host slabs -> staging (one copy per slab run); ``scatter`` lands it layer by layer."""
+        staging = self._staging_for(len(items))
+        self._slab_runs(items, staging, to_host=False)
+        return staging
+
+    def scatter(self, items: Sequence[BlockCopy], staging: torch.Tensor, layer: int) -> int:
+        slots = torch.stack([it.slots for it in items])
+        return int(
+            self.kx.staging_to_kv_blocks(  # type: ignore[attr-defined]
+                staging, self.kv_buffers, slots, layout=self.layout, layers=[layer]
+            )
+        )
+
+    def _slab_runs(self, items: Sequence[BlockCopy], staging: torch.Tensor, to_host: bool) -> int:
+        spc, nbytes = self.memory.pool.slabs_per_chunk, self.layout.block_bytes
+        i, moved = 0, 0
+        while i < len(items):
+            j = i + 1
+            while (
+                j < len(items)
+                and items[j].slab == items[j - 1].slab + 1
+                and items[j].slab // spc == items[i].slab // spc
+            ):
+                j += 1
+            host = self.memory.run(items[i].slab, j - i, 0, nbytes)
+            if to_host:
+                host.copy_(staging[i:j, :nbytes], non_blocking=True)
+            else:
+                staging[i:j, :nbytes].copy_(host, non_blocking=True)
+            moved += (j - i) * nbytes
+            i = j
+        return moved
 
     # ---------------------------------------------------------------- KV blocks and tails
     def runs(self, items: Sequence[BlockCopy]) -> list[tuple[int, int]]:
@@ -192,10 +274,19 @@ class TransferBatch:
         with ctx:
             for t in self.tails:
                 self.bytes += c.blocks([t], to_host)
-            runs = c.runs(self.blocks)
+            staged = c.staged(self.blocks)
+            staging = None
+            if staged and to_host:
+                self.bytes += c.stage_out(self.blocks)
+            elif staged:
+                staging = c.stage_in(self.blocks)
+            runs = c.runs(self.blocks) if not staged else []
             for pos, (kind, idx) in enumerate(self.order):
                 if kind == "kv":
-                    self.bytes += c.blocks(self.blocks, to_host, layer=idx, runs=runs)
+                    if staging is not None:
+                        self.bytes += c.scatter(self.blocks, staging, idx)
+                    elif not staged:
+                        self.bytes += c.blocks(self.blocks, to_host, layer=idx, runs=runs)
                 else:
                     for slot, slabs in self.images:
                         self.bytes += c.image(slot, slabs, to_host, layer=idx)

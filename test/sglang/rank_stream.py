@@ -1,0 +1,87 @@
+"""One TP rank's view of a request stream, for ``test_rank_determinism.py``.
+
+    python rank_stream.py MODEL_DIR OUT.json [--noise N]
+
+Builds SGLang's real Scheduler (CPU token worker, ``--radix-cache hybrid`` with the host tier and
+coalescing), runs a fixed stream (groups arriving together with new shared prefixes, multi-turn
+continuations, repeats, an abort mid-prefill, pressure on a small KV pool and host tier) and
+writes every pass's ``PassRecord``. ``--noise N`` allocates and frees N objects of assorted sizes
+between submissions, so CPython hands out different addresses than in a run without it, as on
+rank 0 (which unpickles every request) against the other ranks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent.parent / "python"))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def noise(n: int, rng: random.Random) -> None:
+    keep = [bytearray(rng.randrange(1, 4096)) for _ in range(n)]
+    objs = [{"k": i, "v": [i] * rng.randrange(1, 50)} for i in range(n)]
+    del keep[::2], objs[1::3]
+
+
+def main() -> None:
+    model, out = sys.argv[1], sys.argv[2]
+    n_noise = int(sys.argv[sys.argv.index("--noise") + 1]) if "--noise" in sys.argv else 0
+    from checking_worker import CheckingWorker
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    from sglang_hybrid.cpu.loop import InProcessScheduler
+    from sglang_hybrid.sglang import plugin
+    from sglang_hybrid.sglang.flags import HybridOptions
+    from sglang_hybrid.sglang.ranks import RankCheck
+
+    plugin.register()
+    HookRegistry.apply_hooks()
+    s = InProcessScheduler(
+        model,
+        worker="tokens",
+        worker_class=CheckingWorker,
+        page_size=1,
+        chunked_prefill_size=128,
+        max_total_tokens=4096,
+        max_running_requests=4,
+        max_mamba_cache_size=24,
+        radix_cache_backend="hybrid",
+        server_args_attrs={"_hybrid_options": HybridOptions(host_cache_mib=8)},
+    )
+    s.tree_cache.rank_check = RankCheck(keep=True)
+    data = random.Random(42)  # the stream: the same on every "rank"
+    jitter = random.Random(os.getpid())  # the noise: different per process
+    toks = lambda n: [data.randrange(10, 2000) for _ in range(n)]  # noqa: E731
+    shared = [toks(600) for _ in range(3)]
+    convs: list[list[int]] = []
+    step = 0
+    for wave in range(6):
+        for i in range(5):
+            prompt = shared[(wave + i) % 3] + toks(data.randrange(20, 200))
+            if convs and data.random() < 0.4:
+                prompt = data.choice(convs) + toks(30)  # a continuation
+            rid = f"w{wave}-{i}"
+            s.submit(rid, prompt, data.randrange(4, 60))
+            convs.append(prompt)
+            noise(n_noise, jitter)
+        for _ in range(data.randrange(3, 12)):
+            s.step()
+            step += 1
+            if wave == 2 and step % 7 == 0:
+                s.abort(f"w{wave}-{step % 5}")
+            noise(n_noise, jitter)
+        s.run_until_idle()
+    records = s.tree_cache.rank_check.records
+    Path(out).write_text(json.dumps([list(r) for r in records]))
+    s.close()
+
+
+if __name__ == "__main__":
+    main()
