@@ -226,11 +226,90 @@ def tiny_model_shapes(ctx: Ctx, fn: Any) -> None:
     )
 
 
+def varlen_gather(ctx: Ctx, fn: Any) -> None:
+    """The backend's zero-split gather (``sglang_hybrid.sglang.gdn_taps``: the plan's chunk
+    numbering over a packed batch, ``capture_layer``) on the kernel's ``h`` for two sequences
+    packed with ``cu_seqlens``, against each sequence's own pass cut at the tap."""
+    from types import SimpleNamespace
+
+    from sglang_hybrid.cpu.taps import TAPS_ATTR
+    from sglang_hybrid.sglang import gdn_taps
+
+    s = {"Hg": 4, "H": 8, "K": 128, "V": 128, "T": 330}
+    lens, taps = (200, 130), ((64, 100, 128), (64, 90))  # 100, 90: the off-grid recompute
+    x = inputs(s, ctx.device, seed=2)
+    H, V, K, dev = s["H"], s["V"], s["K"], ctx.device
+    pool = torch.zeros(8, H, V, K, dtype=torch.float32, device=dev)
+    cu = torch.tensor([0, lens[0], sum(lens)], dtype=torch.long, device=dev)
+    _, _, h = fn(
+        x["q"],
+        x["k"],
+        x["v"],
+        x["g"],
+        x["beta"],
+        initial_state=pool,
+        initial_state_indices=torch.tensor([0, 1], dtype=torch.int32, device=dev),
+        cu_seqlens=cu,
+        use_qk_l2norm_in_kernel=True,
+    )
+    dst = iter(range(2, 8))
+    reqs = [SimpleNamespace(**{TAPS_ATTR: [(o, next(dst)) for o in offsets]}) for offsets in taps]
+    plan = gdn_taps.plan_pass(reqs, [0, 0], list(lens), 4, 1, dev)
+    assert plan is not None
+    conv = torch.zeros(8, 16, 3, device=dev)
+    mixed_qkv = torch.randn(sum(lens), 16, device=dev)
+    gdn_taps.capture_layer(plan, conv, pool, mixed_qkv[plan.conv_rows], h)
+
+    class Kernel:  # TritonGDNKernel.extend's call of the same function
+        def extend(self, q, k, v, g, beta, *, ssm_states, cache_indices, query_start_loc):
+            return fn(
+                q,
+                k,
+                v,
+                g,
+                beta,
+                initial_state=ssm_states,
+                initial_state_indices=cache_indices,
+                cu_seqlens=query_start_loc,
+                use_qk_l2norm_in_kernel=True,
+            )
+
+    call = {
+        "q": x["q"],
+        "k": x["k"],
+        "v": x["v"],
+        "g": x["g"],
+        "beta": x["beta"],
+        "cache_indices": torch.tensor([0, 1], dtype=torch.int32, device=dev),
+        "query_start_loc": cu,
+    }
+    gdn_taps.advance(plan, Kernel(), pool, call)
+    worst = 0.0
+    start = 0
+    for n, req in zip(lens, reqs, strict=True):
+        for o, slot in getattr(req, TAPS_ATTR):
+            one = {k: v[:, start : start + n] for k, v in x.items()}
+            split = torch.zeros(1, H, V, K, dtype=torch.float32, device=dev)
+            run_pass(fn, one, 0, o, split)
+            err = (pool[slot] - split[0]).abs().max().item() / max(split.abs().max().item(), 1e-12)
+            worst = max(worst, err)
+        start += n
+    ctx.check(
+        "gdn_taps' plan, gathers and off-grid recompute on the kernel's h of two packed "
+        "sequences equal each sequence's pass cut at the tap (bf16 rounding, rel <= 1e-2)",
+        worst <= 1e-2,
+        worst_rel=worst,
+    )
+
+
 def run(ctx: Ctx) -> None:
     fn, source = kernel(ctx)
     ctx.note("kernel", source)
     tiny_model_shapes(ctx, fn)
     ctx.flush()
+    if ctx.cuda:  # the CPU stand-in takes equal-length sequences only
+        varlen_gather(ctx, fn)
+        ctx.flush()
     results = {}
     ctx.result["shapes"] = results
     for name, s in shapes(ctx.quick).items():

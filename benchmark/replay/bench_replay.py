@@ -140,7 +140,7 @@ STEADY: dict[str, dict[str, list[str]]] = {
 VARIANTS = {"flushed": [], "prefilled": ["--prefill-pool"]}
 
 
-def run_steady(name: str, extra: list[str], dry_run: bool) -> int:
+def run_steady(name: str, extra: list[str], dry_run: bool, reuse: bool = False) -> int:
     """Every traffic of ``name`` flushed and pre-filled, then the side-by-side comparison."""
     out = Path("docs/results/replay") / name
     plan = [
@@ -154,7 +154,7 @@ def run_steady(name: str, extra: list[str], dry_run: bool) -> int:
             [(t, reports[t, "flushed"], reports[t, "prefilled"]) for t in STEADY[name]]
         )
 
-    return run_family(name, out, plan, extra, dry_run, finish, steady.write)
+    return run_family(name, out, plan, extra, dry_run, finish, steady.write, reuse)
 
 
 # Tap modes (docs/benchmarks.md, "Taps inside the pass"): the committed agent workload at every
@@ -167,10 +167,12 @@ TAP_MODES: dict[str, list[str]] = {
 MODES = {
     "split": ["--tap-mode=split", "--caches=hybrid,no_buffer"],
     "zero-split": ["--tap-mode=zero-split", "--caches=hybrid"],
+    # Captures on the 64-token chunk grid only (no off-grid recompute): what that is worth.
+    "zero-split-chunk": ["--tap-mode=zero-split", "--capture-grid=chunk", "--caches=hybrid"],
 }
 
 
-def run_tap_modes(name: str, extra: list[str], dry_run: bool) -> int:
+def run_tap_modes(name: str, extra: list[str], dry_run: bool, reuse: bool = False) -> int:
     """Every traffic of ``TAP_MODES`` in both tap modes, then the side-by-side comparison."""
     out = Path("docs/results/replay") / name
     plan = [
@@ -181,10 +183,13 @@ def run_tap_modes(name: str, extra: list[str], dry_run: bool) -> int:
 
     def finish(reports: dict[tuple[str, str], Any]) -> dict[str, Any]:
         return tap_modes.compare(
-            [(t, reports[t, "split"], reports[t, "zero-split"]) for t in TAP_MODES]
+            [
+                (t, reports[t, "split"], reports[t, "zero-split"], reports[t, "zero-split-chunk"])
+                for t in TAP_MODES
+            ]
         )
 
-    return run_family(name, out, plan, extra, dry_run, finish, tap_modes.write)
+    return run_family(name, out, plan, extra, dry_run, finish, tap_modes.write, reuse)
 
 
 def run_family(
@@ -195,15 +200,20 @@ def run_family(
     dry_run: bool,
     finish: Callable[[dict[tuple[str, str], Any]], dict[str, Any]],
     write: Callable[..., Path],
+    reuse: bool = False,
 ) -> int:
     """Run ``plan`` (traffic, variant, ``replay`` argv), compare the reports with ``finish`` and
-    write the comparison with ``write(out, doc, header)``; the header records every command."""
+    write the comparison with ``write(out, doc, header)``; the header records every command.
+    ``reuse``: keep the reports a previous run left (same output folders) instead of rerunning."""
     if dry_run:
         for *_, argv in plan:
             print(f"{cli.PROG} {shlex.join(argv)}")
         return 0
     started = time.perf_counter()
     for i, (traffic, variant, argv) in enumerate(plan, 1):
+        if reuse and (out / f"{traffic}-{variant}" / "report.json").exists():
+            print(f"[{i}/{len(plan)}] {traffic}, {variant}: kept (--reuse)", flush=True)
+            continue
         print(f"[{i}/{len(plan)}] {traffic}, {variant}", flush=True)
         if rc := cli.main(argv):
             return rc
@@ -237,13 +247,18 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("name", choices=sorted([*RUNS, *STEADY, "tap-modes"]))
     parser.add_argument("--dry-run", action="store_true")
+    parser.add_argument(
+        "--reuse",
+        action="store_true",
+        help="steady-state, tap-modes: keep the reports of commands that already ran",
+    )
     args, extra = parser.parse_known_args()
     if Path.cwd().resolve() != ROOT:
         raise SystemExit(f"run this from the repository root ({ROOT})")
     if args.name in STEADY:
-        return run_steady(args.name, extra, args.dry_run)
+        return run_steady(args.name, extra, args.dry_run, args.reuse)
     if args.name == "tap-modes":
-        return run_tap_modes(args.name, extra, args.dry_run)
+        return run_tap_modes(args.name, extra, args.dry_run, args.reuse)
     argv = ["run", *RUNS[args.name], f"--out=docs/results/replay/{args.name}", *extra]
     if args.dry_run:
         print(f"{cli.PROG} {shlex.join(argv)}")

@@ -122,7 +122,11 @@ def _own_slot(sched: Any, req: Any) -> int:
 
 def test_state_tap_equals_the_state_of_a_run_ending_there(make_scheduler, qwen35_dir: Path):
     sched = make_scheduler(
-        qwen35_dir, worker="model", chunked_prefill_size=CHUNK, disable_radix_cache=True
+        qwen35_dir,
+        worker="model",
+        chunked_prefill_size=CHUNK,
+        disable_radix_cache=True,
+        record_logits=True,
     )
     pool = sched.scheduler.req_to_token_pool
     ids = _rand_ids(random.Random(99), 170)
@@ -142,23 +146,24 @@ def test_state_tap_equals_the_state_of_a_run_ending_there(make_scheduler, qwen35
     assert not untouched_conv.any() and not untouched_rec.any()
     assert not torch.equal(tap_states[100][1], tap_states[150][1])
 
-    # A run that ends at p and splits its pass the same way before p (a tap splits the pass, so
-    # the run ending at 150 makes the same tap at 100) stores exactly the tapped state.
-    for p, earlier_taps in ((100, []), (150, [(100, slots[3])])):
-        req = sched.submit(f"until_{p}", ids[:p], 2, hybrid_state_taps=earlier_taps)
+    # A run that ends at p stores the tapped state, up to the rounding of the GEMMs before the
+    # gated-delta rule (they saw the whole chunk's rows, not p's: ~1e-6; cpu/capture.py).
+    for p in (100, 150):
+        req = sched.submit(f"until_{p}", ids[:p], 2)
         while len(req.output_ids) < 1:  # step until its prompt is done, before its decode
             sched.step(idle_check=False)
         conv, rec = _slot_state(sched, _own_slot(sched, req))
         tap_conv, tap_rec = tap_states[p]
-        assert torch.equal(conv, tap_conv), p
-        assert torch.equal(rec, tap_rec), p
+        torch.testing.assert_close(tap_conv, conv, rtol=1e-4, atol=1e-5, msg=str(p))
+        torch.testing.assert_close(tap_rec, rec, rtol=1e-4, atol=1e-5, msg=str(p))
         sched.run_until_idle(idle_check=False)
-    assert all(torch.equal(a, b) for a, b in zip(_slot_state(sched, slots[3]), tap_states[100]))
 
-    # A tap costs a split pass, not a different answer.
+    # A tap costs no model call and no different answer: the same calls as an untapped run.
     sched.submit("untapped", ids, 4)
     sched.run_until_idle(idle_check=False)
     assert sched.results()["untapped"].output_ids == sched.results()["tapped"].output_ids
+    assert sched.worker.pieces["tapped"] == sched.worker.pieces["untapped"]
+    assert sched.worker.captures["tapped"] == [100, 150]
     pool.mamba_allocator.free(dst)
     sched.on_idle()
 

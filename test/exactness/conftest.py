@@ -59,6 +59,7 @@ class Run:
     results: dict[str, Any] = field(default_factory=dict)
     logits: dict[str, Any] = field(default_factory=dict)
     pieces: dict[str, list[tuple[int, int]]] = field(default_factory=dict)  # worker's model calls
+    captures: dict[str, list[int]] = field(default_factory=dict)  # positions captured in calls
     reqs: dict[str, Any] = field(default_factory=dict)
     asked: dict[str, Req] = field(default_factory=dict)
     cache: dict[str, Any] = field(default_factory=dict)  # per program: stats after it ran
@@ -142,6 +143,7 @@ def run_config(make_scheduler, model_dir: Path, chat: Chat, name: str) -> Run:
                 if rid not in run.results and res.finished:
                     run.results[rid] = res
                     run.pieces[rid] = list(sched.worker.pieces.get(rid, []))
+                    run.captures[rid] = list(sched.worker.captures.get(rid, []))
                     with contextlib.suppress(KeyError):  # aborted before its first token
                         run.logits[rid] = sched.first_token_logits(rid).clone()
             try:

@@ -139,17 +139,25 @@ def deep_edit(chat: Chat, rng: random.Random) -> Program:
     yield Wave([Req("de-2", ids2, 8, hints2)])
 
 
-def deep_edit_expectation(req1: Req, req2: Req, pieces1: list[tuple[int, int]]) -> int:
+def deep_edit_expectation(
+    req1: Req, req2: Req, pieces1: list[tuple[int, int]], captured1: list[int]
+) -> int:
     """Where the edited prompt must resume, derived without the cache: the taps the first request
-    planned (the planner) as the model worker actually realised them (its record of model calls).
-    An exact tap lands on its position; a flexible one on the first call boundary at or after it
-    (spec §7.1: flexible taps ride on chunk ends). The deepest of those at or below the edit."""
+    planned (the planner) as the model worker actually realised them (its record of model calls
+    and of the positions it captured inside them). An exact tap lands on its position; a
+    flexible one where it was captured, else on the first call boundary at or after it (spec
+    §7.1: flexible taps ride on chunk ends). The deepest of those at or below the edit."""
     edit = next(i for i, (a, b) in enumerate(zip(req1.ids, req2.ids)) if a != b)
     taps = TapPlanner(max_new_taps=TAPS, ladder_tokens=LADDER, min_gap_tokens=MIN_GAP).plan(
         len(req1.ids), 0, req1.hints
     )
     ends = sorted(end for _, end in pieces1)
-    realised = [t.position if t.exact else next(e for e in ends if e >= t.position) for t in taps]
+    realised = [
+        t.position
+        if t.exact or t.position in captured1
+        else next(e for e in ends if e >= t.position)
+        for t in taps
+    ]
     return max([p for p in realised if p <= edit], default=0)
 
 

@@ -90,7 +90,9 @@ def test_rerendered_history_keeps_the_turn(suite, config: str) -> None:
 @pytest.mark.parametrize("config", HYBRID)
 def test_edit_deep_in_history_resumes_at_the_deepest_tap_below_it(suite, config: str) -> None:
     run = suite[config]
-    want = deep_edit_expectation(run.asked["de-1"], run.asked["de-2"], run.pieces["de-1"])
+    want = deep_edit_expectation(
+        run.asked["de-1"], run.asked["de-2"], run.pieces["de-1"], run.captures["de-1"]
+    )
     assert want > 0
     assert cached(suite, config, "de-2") == want
     same_tokens(suite, config, "de-")
@@ -166,7 +168,13 @@ def test_zero_split_captures_taps_inside_passes(suite, config: str) -> None:
     """The zero-split configurations ran their grid taps inside passes (the model worker copied
     the states); the split ones never did. Every test above ran on both."""
     in_pass = sum(c["taps_in_pass"] for c in suite[config].cache.values() if "taps_in_pass" in c)
+    calls = sum(len(p) for p in suite[config].pieces.values())
     if config.startswith("zero_split"):
         assert in_pass > 0
+        # Captured taps cost no model call: fewer calls than the same programs split.
+        split = suite[config.replace("zero_split", "hybrid")]
+        assert calls < sum(len(p) for p in split.pieces.values())
+        assert sum(len(c) for c in suite[config].captures.values()) > 0
     else:
         assert in_pass == 0
+        assert not any(suite[config].captures.values())

@@ -51,7 +51,7 @@ def test_zero_split_taps_give_the_same_reuse_in_fewer_passes(build, page: int) -
     split = build(**kw, opts={"tap_mode": "split", "tap_ladder": 2048, "tap_min_gap": 1024})
     reuse_split, passes_split = _workload(split)
     zero = build(**kw, opts={"tap_mode": "zero-split", "tap_ladder": 2048, "tap_min_gap": 1024})
-    assert zero.cache.capture_grid == 64
+    assert zero.cache.capture_grid == 1  # any position: exact taps stay in the pass too
     reuse_zero, passes_zero = _workload(zero)
     taps = zero.s.worker.checked_taps
     print(
@@ -70,7 +70,7 @@ def test_zero_split_taps_give_the_same_reuse_in_fewer_passes(build, page: int) -
 
 
 def test_auto_picks_zero_split_on_a_worker_that_captures(build) -> None:
-    assert build().cache.capture_grid == 64  # the CPU workers honour in-pass taps
+    assert build().cache.capture_grid == 1  # the CPU workers capture anywhere in a pass
     assert build(opts={"tap_mode": "split"}).cache.capture_grid == 0
 
 
@@ -84,4 +84,18 @@ def test_zero_split_refused_on_a_worker_without_in_pass_taps() -> None:
     gpu_worker = SimpleNamespace()  # SGLang's TpModelWorker has no state_taps
     with pytest.raises(ConfigError, match="--hybrid-tap-mode zero-split"):
         _resolve_tap_mode(HybridOptions(tap_mode="zero-split"), gpu_worker)
-    assert _resolve_tap_mode(HybridOptions(tap_mode="auto"), gpu_worker).tap_mode == "split"
+    opts, grid = _resolve_tap_mode(HybridOptions(tap_mode="auto"), gpu_worker)
+    assert (opts.tap_mode, grid) == ("split", 0)
+
+
+def test_the_capture_grid_comes_from_the_worker() -> None:
+    from sglang_hybrid.cpu.token_worker import TokenWorker
+    from sglang_hybrid.replay.worker import ChunkGridReplayWorker
+    from sglang_hybrid.sglang.flags import HybridOptions
+    from sglang_hybrid.sglang.plugin import _resolve_tap_mode
+
+    zero = HybridOptions(tap_mode="zero-split")
+    # Class attributes decide; no worker needs to run.
+    assert _resolve_tap_mode(zero, object.__new__(TokenWorker))[1] == 1  # anywhere
+    assert _resolve_tap_mode(zero, object.__new__(ChunkGridReplayWorker))[1] == 64  # chunks
+    assert _resolve_tap_mode(HybridOptions(tap_mode="split"), object.__new__(TokenWorker))[1] == 0

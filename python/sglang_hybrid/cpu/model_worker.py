@@ -16,16 +16,15 @@ Contract:
   ``logits[rid][position]`` keeps the float32 logits that chose the token at ``position`` and
   ``pieces[rid]`` lists the ``(start, end)`` position ranges of every model call made for the
   request, in order: the decomposition that decides whether two runs can agree bit for bit.
-- State taps (``taps.py``): the pass is split at each requested position ``p`` strictly inside
-  the extend. The tokens up to ``p`` run as one call, every linear layer's conv + recurrent state
-  is copied into the tap's destination slot exactly as it would be stored in the request's own
-  slot, ``p`` is recorded as done, and the pass continues from ``p`` on the same cache.
-  Cost: one more model call per tap (the GEMMs see two shorter row blocks instead of one) and a
-  state copy per linear layer; no recomputation. The tapped state is bitwise equal to the state
-  that a separate run ending at ``p`` stores when that run splits its tokens before ``p`` into
-  the same pieces (same chunks, same earlier taps). The tokens after ``p`` are computed in other
-  pieces than without the tap, so they (and later taps) can differ from an untapped pass by
-  float32 rounding (~1e-6; see ``split_invariant``).
+- State taps (``taps.py``): every requested position strictly inside the extend is captured
+  inside the request's one model call (``capture.PassCapture``): the chunked gated-delta rule is
+  cut on its own 64-token grid and an off-grid position is reached from the chunk state below
+  it by the few tokens in between, the conv window is read from the conv's input; after the
+  call each tap's states are written into its destination slot exactly as they would be stored
+  in the request's own slot, and its position is recorded as done (``captures[rid]`` with
+  ``record_logits``). Cost: no extra model call, a < 64-token rule recompute per off-grid tap
+  and linear layer. A captured state equals what a pass ending there stores up to the rounding
+  of the GEMMs before the rule, which see another number of rows (~1e-6; ``split_invariant``).
 - CUDA build (``ServerArgs.device == "cuda"``, used by ``benchmark/gpu/check_backend.py``): the
   model runs on the GPU in the ServerArgs dtype (bf16 or fp16, as served), SGLang's pools are on
   the GPU (KV and conv state in that dtype: ``SGLANG_MAMBA_CONV_DTYPE`` must match it; recurrent
@@ -37,6 +36,7 @@ Contract:
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Any
 
@@ -44,6 +44,7 @@ import torch
 
 from sglang_hybrid.cpu import gdn_kernels
 from sglang_hybrid.cpu.batch_spans import ReqSpan
+from sglang_hybrid.cpu.capture import PassCapture, modeling_fns
 from sglang_hybrid.cpu.hf_model import load_hf_model
 from sglang_hybrid.cpu.install import require_conv_state_dtype, require_float32_conv_state
 from sglang_hybrid.cpu.sampling import next_token, unsupported_sampling
@@ -100,6 +101,7 @@ class ModelWorker(CpuTpWorker):
         self.record_logits = False
         self.logits: dict[str, dict[int, torch.Tensor]] = {}
         self.pieces: dict[str, list[tuple[int, int]]] = {}
+        self.captures: dict[str, list[int]] = {}  # positions captured inside a model call
         self._view: PoolView | None = None
 
     def alloc_memory_pool(self, memory_pool_config: Any = None, **kwargs: Any) -> None:
@@ -210,30 +212,33 @@ class ModelWorker(CpuTpWorker):
         if not torch.equal(view.kv_slots(req_pool_idx, prefix, end), out_cache_loc):
             raise RuntimeError(f"req_to_token row of {span.req.rid!r} disagrees with out_cache_loc")
         cache = restore_cache(view, self.hf_config, req_pool_idx, prefix, slot)
+        # Taps strictly inside the extend are captured inside the one model call (capture.py).
         taps = taps_inside(span.req, prefix, span.extend_len)
-        bounds = sorted({tap.position for tap in taps} | {end})
-        start = prefix
-        logits: torch.Tensor | None = None
-        for bound in bounds:
+        capture = None
+        capturing: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+        if taps:
+            offsets = [tap.position - prefix for tap in taps]
+            capture = PassCapture(offsets, span.extend_len, view.conv_kernel - 1)
+            capturing = capture.active(self.hf_model, modeling_fns(self.hf_model))
+        with capturing:
             out = self.hf_model(
-                input_ids=input_ids[start - prefix : bound - prefix].unsqueeze(0),
+                input_ids=input_ids.unsqueeze(0),
                 position_ids=torch.arange(
-                    start, bound, dtype=torch.int64, device=input_ids.device
+                    prefix, end, dtype=torch.int64, device=input_ids.device
                 ).unsqueeze(0),
                 past_key_values=cache,
                 use_cache=True,
                 logits_to_keep=1,
             )
-            if self.record_logits:
-                self.pieces.setdefault(span.req.rid, []).append((start, bound))
-            if bound < end:
-                for tap in taps:
-                    if tap.position == bound:
-                        store_linear_states(view, cache, tap.dst_slot)
-                        mark_tap_done(span.req, bound)
-            logits = out.logits[0, -1].to(torch.float32)
-            start = bound
-        assert logits is not None
+        if self.record_logits:
+            self.pieces.setdefault(span.req.rid, []).append((prefix, end))
+        if capture is not None:
+            for tap in taps:
+                capture.store(view, tap.position - prefix, tap.dst_slot)
+                mark_tap_done(span.req, tap.position)
+                if self.record_logits:
+                    self.captures.setdefault(span.req.rid, []).append(tap.position)
+        logits = out.logits[0, -1].to(torch.float32)
         store_new_kv(view, cache, prefix, out_cache_loc)
         store_linear_states(view, cache, slot)
         return logits

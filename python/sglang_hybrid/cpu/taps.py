@@ -13,8 +13,9 @@ chunk-end states itself). Protocol:
   ``req.hybrid_state_taps_done`` (creating the list if absent).
 - Pairs outside that range are left alone, and the list itself is never modified.
 
-This module only selects and records taps; ``model_worker.py`` realises them by splitting its
-pass at each ``p`` and ``token_worker.py`` records them as done without computing anything.
+This module only selects and records taps; ``model_worker.py`` realises them inside its one
+model call per request (``capture.py``) and ``token_worker.py`` records them as done without
+computing anything.
 """
 
 from __future__ import annotations

@@ -184,8 +184,15 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
         "--tap-mode",
         choices=("split", "zero-split"),
         default="split",
-        help="grid taps end a prefill pass (split, what a GPU server does today: default) or are "
+        help="taps end a prefill pass (split, what a GPU server does today: default) or are "
         "captured inside it (zero-split, --hybrid-tap-mode)",
+    )
+    hy.add_argument(
+        "--capture-grid",
+        choices=("any", "chunk"),
+        default="any",
+        help="with zero-split: capture at any position (the CPU workers; SGLang's GPU worker under "
+        "gdn_taps) or only on each pass's 64-token chunk grid, off-grid taps still splitting",
     )
     hy.add_argument(
         "--coalesce",
@@ -219,6 +226,7 @@ def _settings(args: argparse.Namespace, budget_gib: float) -> object:
         hybrid_page_size=args.hybrid_page_size,
         coalesce=args.coalesce,
         tap_mode=args.tap_mode,
+        capture_grid=args.capture_grid,
         model_dir=args.model_dir,
         progress=args.progress,
     )

@@ -52,7 +52,7 @@ from .oracle_store import PrefixStore
 from .progress import Progress
 from .results import ReplayResult, RequestRecord
 from .trace import Trace, TraceRequest, check_trace, kv_tokens, output_tokens
-from .worker import ReplayWorker
+from .worker import ChunkGridReplayWorker, ReplayWorker
 
 if TYPE_CHECKING:
     from sglang_hybrid.cpu.loop import InProcessScheduler
@@ -83,6 +83,7 @@ class ReplaySettings:
     # Split by default: what a GPU server gets today (SGLang's GPU worker captures no state
     # inside a pass); zero-split models the in-pass capture the CPU workers already offer.
     tap_mode: str = "split"
+    capture_grid: str = "any"  # zero-split: "any" position (CPU workers) or "chunk" (GPU hook)
     model_dir: str | None = None  # the tiny model; written once under the cache dir if unset
     progress: bool | None = None  # None: a bar when stderr is a terminal
 
@@ -150,7 +151,8 @@ def replay(
     with cache_environment(cache):
         from sglang_hybrid.cpu.loop import InProcessScheduler
 
-        sched = InProcessScheduler(path, worker="tokens", worker_class=ReplayWorker, **kwargs)
+        worker = ChunkGridReplayWorker if settings.capture_grid == "chunk" else ReplayWorker
+        sched = InProcessScheduler(path, worker="tokens", worker_class=worker, **kwargs)
         try:
             return _Run(trace, cache, plan, clock, sched, settings, warmup).run()
         finally:

@@ -6,15 +6,18 @@ split. The question is what the extra passes cost: forward passes per request, a
 prefill time (the replay's clock: a fixed cost per pass plus per-token and per-pair work).
 
 Contract:
-- ``compare(traffics)``: ``traffics`` is a list of ``(traffic, split, zero_split)`` with two
+- ``compare(traffics)``: ``traffics`` is a list of ``(traffic, split, zero_split, chunk)`` with
   ``report.json`` documents (``report.to_json``) of one trace and the same budgets: ``split`` ran
   ``hybrid`` and the reference cache ``REFERENCE`` with ``--tap-mode split``, ``zero_split`` ran
-  ``hybrid`` with ``--tap-mode zero-split`` (the reference cache takes no taps: one run of it).
+  ``hybrid`` with ``--tap-mode zero-split`` (capture anywhere: the CPU workers, SGLang's GPU
+  worker under ``gdn_taps``), ``chunk`` (may be None) the same with ``--capture-grid chunk``
+  (captures on each pass's 64-token grid only: zero-split without the off-grid recompute).
+  The reference cache takes no taps: one run of it.
   Returns per traffic and budget: requests, prefill passes, passes per request, prefill tokens,
-  modelled prefill seconds and TTFT of the three, the ratio of hybrid's prefill passes to the
-  reference's (``TARGET_PASSES``: at most 1.1) and zero-split's prefill tokens against split's
-  (``within_target``: passes at most the target and tokens no worse than split, 0.5 % slack
-  for the scheduling noise of a different pass sequence).
+  modelled prefill seconds and TTFT of each, the ratio of each hybrid variant's prefill passes
+  to the reference's (``TARGET_PASSES``: at most 1.1) and its prefill tokens against split's
+  (``within_target``, per zero-split variant: passes at most the target and tokens no worse than
+  split, 0.5 % slack for the scheduling noise of a different pass sequence).
 - ``markdown(doc)`` / ``write(out_dir, doc, header)``: ``tap_modes.md`` and ``tap_modes.json``.
 Mismatched reports (other traces or budgets) raise ``ValueError``.
 """
@@ -52,49 +55,55 @@ def _side(run: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def compare(traffics: list[tuple[str, dict[str, Any], dict[str, Any]]]) -> dict[str, Any]:
+VARIANTS = (("split", "hybrid split"), ("zero_split", "hybrid zero-split"))
+CHUNK_VARIANT = ("zero_split_chunk", "hybrid zero-split, chunk grid")
+
+
+def compare(
+    traffics: list[tuple[str, dict[str, Any], dict[str, Any], dict[str, Any] | None]],
+) -> dict[str, Any]:
     """The comparison document (see the module contract)."""
     rows = []
-    for traffic, split, zero in traffics:
-        a, b = _runs(split), _runs(zero)
-        budgets = sorted({g for g, c in a if c == "hybrid"})
-        if budgets != sorted({g for g, c in b if c == "hybrid"}):
-            raise ValueError(f"{traffic}: the split and zero-split runs have other budgets")
+    for traffic, split, zero, chunk in traffics:
+        docs = {"split": _runs(split), "zero_split": _runs(zero)}
+        if chunk is not None:
+            docs[CHUNK_VARIANT[0]] = _runs(chunk)
+        budgets = sorted({g for g, c in docs["split"] if c == "hybrid"})
+        for name, runs in docs.items():
+            if sorted({g for g, c in runs if c == "hybrid"}) != budgets:
+                raise ValueError(f"{traffic}: the {name} run has other budgets than split")
         for g in budgets:
-            if (g, REFERENCE) not in a:
+            if (g, REFERENCE) not in docs["split"]:
                 raise ValueError(f"{traffic} {g:g} GiB: the split run has no {REFERENCE} run")
-            s, z, ref = _side(a[g, "hybrid"]), _side(b[g, "hybrid"]), _side(a[g, REFERENCE])
-            if s["requests"] != z["requests"]:
+            ref = _side(docs["split"][g, REFERENCE])
+            sides = {name: _side(runs[g, "hybrid"]) for name, runs in docs.items()}
+            if len({x["requests"] for x in sides.values()}) != 1:
                 raise ValueError(f"{traffic} {g:g} GiB: not the same trace (requests differ)")
-            ratio = z["extend_passes"] / ref["extend_passes"] if ref["extend_passes"] else None
-            tokens = z["prefill_tokens"] / s["prefill_tokens"] if s["prefill_tokens"] else None
-            rows.append(
-                {
-                    "traffic": traffic,
-                    "device_gib": g,
-                    "split": s,
-                    "zero_split": z,
-                    REFERENCE: ref,
-                    "split_passes_vs_reference": (
-                        s["extend_passes"] / ref["extend_passes"] if ref["extend_passes"] else None
-                    ),
-                    "zero_split_passes_vs_reference": ratio,
-                    "zero_split_tokens_vs_split": tokens,
-                    "within_target": ratio is not None
-                    and ratio <= TARGET_PASSES
-                    and tokens is not None
-                    and tokens <= 1 + TOKEN_SLACK,
-                }
-            )
+            row: dict[str, Any] = {"traffic": traffic, "device_gib": g, REFERENCE: ref, **sides}
+            for name, x in sides.items():
+                ratio = x["extend_passes"] / ref["extend_passes"] if ref["extend_passes"] else None
+                tokens = x["prefill_tokens"] / sides["split"]["prefill_tokens"]
+                row[f"{name}_passes_vs_reference"] = ratio
+                row[f"{name}_tokens_vs_split"] = tokens
+                if name != "split":
+                    row[f"{name}_within_target"] = (
+                        ratio is not None and ratio <= TARGET_PASSES and tokens <= 1 + TOKEN_SLACK
+                    )
+            rows.append(row)
     return {
         "target": (
             f"zero-split hybrid at most {TARGET_PASSES}x {REFERENCE}'s prefill passes, its "
             f"prefill tokens no worse than split's (+{TOKEN_SLACK:.1%} slack)"
         ),
         "commands": {
-            t: {"split": s.get("command"), "zero_split": z.get("command")} for t, s, z in traffics
+            t: {
+                "split": s.get("command"),
+                "zero_split": z.get("command"),
+                CHUNK_VARIANT[0]: None if c is None else c.get("command"),
+            }
+            for t, s, z, c in traffics
         },
-        "clock": {t: s.get("clock") for t, s, _ in traffics},
+        "clock": {t: s.get("clock") for t, s, *_ in traffics},
         "rows": rows,
     }
 
@@ -109,37 +118,34 @@ def markdown(doc: dict[str, Any]) -> str:
         "| modelled prefill (s) | TTFT p50 / mean (s) | taps in pass |",
         "|---|---|---|---:|---:|---:|---:|---:|---:|",
     ]
+    names = [*VARIANTS, CHUNK_VARIANT, (REFERENCE, REFERENCE)]
     for r in doc["rows"]:
-        for name, key in (("hybrid split", "split"), ("hybrid zero-split", "zero_split")) + (
-            (REFERENCE, REFERENCE),
-        ):
+        for key, name in names:
+            if key not in r:
+                continue
             x = r[key]
             taps = "-" if x["taps_in_pass"] is None else f"{x['taps_in_pass']:,}"
             lines.append(
                 f"| {r['traffic']} | {r['device_gib']:g} GiB | {name} | {x['extend_passes']:,} "
                 f"| {x['passes_per_request']:.2f} | {x['prefill_tokens']:,} | {_s(x['prefill_s'])} "
-                f"| {x['ttft_p50_s']:.2f} / {x['ttft_mean_s']:.2f} "
-                f"| {taps} |"
+                f"| {x['ttft_p50_s']:.2f} / {x['ttft_mean_s']:.2f} | {taps} |"
             )
     lines += [
         "",
-        "| traffic | budget | split / "
-        + REFERENCE
-        + " passes | zero-split / "
-        + REFERENCE
-        + " passes | zero-split / split prefill tokens | within target |",
-        "|---|---|---:|---:|---:|---|",
+        f"| traffic | budget | cache | passes / {REFERENCE}'s | prefill tokens / split's "
+        "| within target |",
+        "|---|---|---|---:|---:|---|",
     ]
     for r in doc["rows"]:
-        sp, zp, tk = (
-            r["split_passes_vs_reference"],
-            r["zero_split_passes_vs_reference"],
-            r["zero_split_tokens_vs_split"],
-        )
-        lines.append(
-            f"| {r['traffic']} | {r['device_gib']:g} GiB | {sp:.2f} | {zp:.2f} | {tk:.4f} "
-            f"| {'yes' if r['within_target'] else 'no'} |"
-        )
+        for key, name in (*VARIANTS, CHUNK_VARIANT):
+            if key not in r:
+                continue
+            ok = r.get(f"{key}_within_target")
+            lines.append(
+                f"| {r['traffic']} | {r['device_gib']:g} GiB | {name} "
+                f"| {r[f'{key}_passes_vs_reference']:.2f} | {r[f'{key}_tokens_vs_split']:.4f} "
+                f"| {'-' if ok is None else 'yes' if ok else 'no'} |"
+            )
     return "\n".join(lines)
 
 

@@ -55,3 +55,12 @@ class ReplayWorker(TokenWorker):
     def forget(self, rid: str) -> None:
         """Drop a finished request's script (its counters stay for the report)."""
         self.scripts.pop(rid, None)
+
+
+class ChunkGridReplayWorker(ReplayWorker):
+    """Captures in-pass taps only on each pass's 64-token chunk grid, off-grid taps ending their
+    pass: zero-split without the off-grid recompute (the sgl-kernel-ext issue's first design;
+    ``sglang/gdn_taps.py`` recomputes, so SGLang's GPU worker captures anywhere). Kept to show
+    what the recompute is worth (``plugin._resolve_tap_mode`` reads ``state_tap_grid``)."""
+
+    state_tap_grid = 64

@@ -74,6 +74,7 @@ class HybridRadixCache(Publisher, BasePrefixCache):
         config: CacheConfig,
         options: HybridOptions,
         cost: CostModel | None = None,
+        capture_grid: int | None = None,
     ) -> None:
         self.req_to_token_pool = params.req_to_token_pool
         self.token_to_kv_pool_allocator = params.token_to_kv_pool_allocator
@@ -99,8 +100,13 @@ class HybridRadixCache(Publisher, BasePrefixCache):
         self.host: HostTier | None = None
         self.skips = Skips()
         self.rank_check: RankCheck | None = None  # --hybrid-check-ranks (set by the factory)
-        # Taps on a pass's grid of this many tokens are captured inside the pass (0: split).
-        self.capture_grid = BLOCK_TOKENS if options.tap_mode == "zero-split" else 0
+        # zero-split: taps on each pass's grid of this many tokens (from where the request's
+        # extend starts) are captured inside the pass, the others end it; 0: every tap splits.
+        # 1 (any position) on the CPU workers (cpu/capture.py), 64 on SGLang's GPU worker
+        # (gdn_taps.py); the factory says which (plugin._resolve_tap_mode).
+        if capture_grid is None:
+            capture_grid = 1 if options.tap_mode == "zero-split" else 0
+        self.capture_grid = capture_grid
         self.taps_in_pass = 0
         self.coalescer = Coalescer(self) if options.coalesce and not self.disable else None
         self.index = self._new_index()

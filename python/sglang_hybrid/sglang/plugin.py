@@ -68,6 +68,20 @@ def register() -> None:
         _cached_tokens_details,
         after,
     )
+    # Zero-split taps on SGLang's own GPU worker (gdn_taps.py: a plan per extend pass, gathered
+    # inside the GDN backend's forward); inert unless a request carries in-pass taps.
+    from . import gdn_taps
+
+    HookRegistry.register(
+        "sglang.srt.model_executor.forward_batch_info.ForwardBatch.init_new",
+        gdn_taps.after_init_new,
+        after,
+    )
+    HookRegistry.register(
+        "sglang.srt.layers.attention.linear.gdn_backend.GDNAttnBackend.forward_extend",
+        gdn_taps.around_forward_extend,
+        around,
+    )
     from . import chat_server
 
     chat = "sglang.srt.entrypoints.openai.serving_chat.OpenAIServingChat"
@@ -263,25 +277,40 @@ def _cached_tokens_details(result: Any, streamer: Any, req: Any, *args: Any) -> 
 
 
 # ---------------------------------------------------------------- the factory
-def _resolve_tap_mode(opts: Any, worker: Any) -> Any:
-    """``--hybrid-tap-mode auto``: zero-split where the model worker captures states inside a
-    pass (``state_taps``: the CPU workers), split otherwise. SGLang's own GPU worker offers no
-    such capture in this build (the GDN hook is future work, docs/sglang-backend.md), so an
-    explicit zero-split there is refused rather than silently splitting."""
+def _resolve_tap_mode(opts: Any, worker: Any) -> tuple[Any, int]:
+    """The tap mode to run and its capture grid (1: any position; 64: chunk starts; 0: split).
+
+    The CPU workers capture at any position inside their one model call (``state_taps``,
+    ``cpu/capture.py``). SGLang's GPU worker captures anywhere too when it runs the Triton GDN
+    prefill (``gdn_taps.grid_of``: chunk states plus a short recompute); that path is unverified
+    on a GPU and its states are bf16-rounded, so ``auto`` keeps ``split`` there and only an
+    explicit ``zero-split`` uses it (logged). Explicit ``zero-split`` on a worker that captures
+    nothing is refused."""
     import dataclasses
 
     from ..index import ConfigError
+    from . import gdn_taps
     from .flags import FLAG_TAP_MODE
 
-    offers = bool(getattr(worker, "state_taps", False))
-    if opts.tap_mode == "zero-split" and not offers:
+    cpu = bool(getattr(worker, "state_taps", False))
+    # A worker may narrow where it captures (``state_tap_grid``; the replay models the GPU hook).
+    grid = int(getattr(worker, "state_tap_grid", 1)) if cpu else gdn_taps.grid_of(worker)
+    if opts.tap_mode == "zero-split" and not grid:
         raise ConfigError(
             f"{FLAG_TAP_MODE} zero-split: the model worker ({type(worker).__name__}) does not "
-            f"capture recurrent states inside a prefill pass; use {FLAG_TAP_MODE} split or auto"
+            f"capture recurrent states inside a prefill pass (SGLang's GPU worker does with the "
+            f"Triton GDN prefill only); use {FLAG_TAP_MODE} split or auto"
         )
     if opts.tap_mode == "auto":
-        return dataclasses.replace(opts, tap_mode="zero-split" if offers else "split")
-    return opts
+        opts = dataclasses.replace(opts, tap_mode="zero-split" if cpu else "split")
+    if opts.tap_mode == "zero-split" and not cpu:
+        logger.warning(
+            "%s zero-split on SGLang's GPU worker: taps are gathered from the Triton GDN "
+            "prefill's per-chunk states and a short recompute (bf16-rounded; unverified on a "
+            "GPU, docs/sglang-backend.md)",
+            FLAG_TAP_MODE,
+        )
+    return opts, grid if opts.tap_mode == "zero-split" else 0
 
 
 def build_cache(ctx: Any) -> Any:
@@ -322,8 +351,8 @@ def build_cache(ctx: Any) -> Any:
             f"--radix-cache hybrid serves hybrid models; {arch} has no recurrent "
             f"layers: drop --radix-cache hybrid"
         )
-    opts = _resolve_tap_mode(opts, ctx.tp_worker)
-    cache = HybridRadixCache(params, config=config, options=opts)
+    opts, grid = _resolve_tap_mode(opts, ctx.tp_worker)
+    cache = HybridRadixCache(params, config=config, options=opts, capture_grid=grid)
     if opts.check_ranks:
         from .ranks import RankCheck
 
