@@ -273,6 +273,13 @@ class Publisher:
             self.index.evict_device(need - alloc.available_size())
             self._free_dropped()
             dst = alloc.alloc(need)
+        if dst is None and getattr(alloc, "free_group", None) is not None:
+            # Inside a free group (SGLang batches the frees of a batch's results; in-pass taps
+            # settle there) the evicted pages are only queued: release them now and go on
+            # grouping. The pages are nobody's; only their return is brought forward.
+            alloc.free_group_end()
+            alloc.free_group_begin()
+            dst = alloc.alloc(need)
         if dst is None:
             return None
         t = frontier - base
