@@ -92,11 +92,18 @@ class FailingCopies:
 # calls pass through untouched.
 KV_SITES = ("_copy_tail", "_copy_request_tail", "_alloc")
 MAMBA_SITES = ("_reserve_slots", "_prepare_state_slot", "init_load_back")
+# Backend helpers that allocate on behalf of their caller (sglang/pages.py).
+SHARED_HELPERS = ("alloc_evicting",)
 
 
 def caller_site() -> str | None:
-    """The backend function that called the allocator, or None (SGLang's own call)."""
+    """The backend function that called the allocator, or None (SGLang's own call). Calls made
+    through the shared ``pages.alloc_evicting`` count for the function that called it."""
     f = sys._getframe(2)
+    while f is not None and f.f_code.co_name in SHARED_HELPERS:
+        f = f.f_back
+    if f is None:
+        return None
     code = f.f_code
     if "/sglang_hybrid/sglang/" in code.co_filename.replace("\\", "/"):
         return code.co_name

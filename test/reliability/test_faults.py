@@ -18,6 +18,7 @@ import pytest
 from faults import (
     KV_SITES,
     MAMBA_SITES,
+    SHARED_HELPERS,
     ExhaustedPool,
     FailingCopies,
     constant_hash,
@@ -348,8 +349,9 @@ _CALLS: dict[str, int] = {}  # calls per site in one clean run of the workload
 
 
 def test_the_sweep_covers_every_backend_allocation_site() -> None:
-    """Every ``.alloc(...)`` call in the backend is one of the sites swept below (a new site
-    must be added to ``faults.KV_SITES`` / ``MAMBA_SITES``)."""
+    """Every ``.alloc(...)`` call in the backend, and every call of a shared helper that
+    allocates for its caller (``faults.SHARED_HELPERS``), is one of the sites swept below (a new
+    site must be added to ``faults.KV_SITES`` / ``MAMBA_SITES``)."""
     import ast
     from pathlib import Path
 
@@ -360,11 +362,14 @@ def test_the_sweep_covers_every_backend_allocation_site() -> None:
         tree = ast.parse(path.read_text())
         for fn in ast.walk(tree):
             if isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+                if fn.name in SHARED_HELPERS:
+                    continue
                 for node in ast.walk(fn):
-                    if (
-                        isinstance(node, ast.Call)
-                        and isinstance(node.func, ast.Attribute)
-                        and node.func.attr == "alloc"
+                    if not isinstance(node, ast.Call):
+                        continue
+                    f = node.func
+                    if (isinstance(f, ast.Attribute) and f.attr == "alloc") or (
+                        isinstance(f, ast.Name) and f.id in SHARED_HELPERS
                     ):
                         found.add(fn.name)
     assert found == set(KV_SITES) | set(MAMBA_SITES), found

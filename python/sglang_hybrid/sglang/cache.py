@@ -58,6 +58,7 @@ from .coalesce import Coalescer
 from .flags import HybridOptions
 from .hints import tap_hints
 from .host_tier import HostTier, RestoreFailed
+from .pages import alloc_evicting
 from .publish import Publisher, ceil_to
 from .ranks import RankCheck
 from .request import ATTR, MatchHandle, ReqState, key_for, namespace_of
@@ -102,7 +103,7 @@ class HybridRadixCache(Publisher, BasePrefixCache):
         self.rank_check: RankCheck | None = None  # --hybrid-check-ranks (set by the factory)
         # zero-split: taps on each pass's grid of this many tokens (from where the request's
         # extend starts) are captured inside the pass, the others end it; 0: every tap splits.
-        # 1 (any position) on the CPU workers (cpu/capture.py), 64 on SGLang's GPU worker
+        # 1 (any position) on the CPU workers (cpu/capture.py) and SGLang's GPU worker
         # (gdn_taps.py); the factory says which (plugin._resolve_tap_mode).
         if capture_grid is None:
             capture_grid = 1 if options.tap_mode == "zero-split" else 0
@@ -464,16 +465,12 @@ class HybridRadixCache(Publisher, BasePrefixCache):
         """A private copy of the source's tail KV, on pages the request will own (§6.4)."""
         t = source.tail_len
         need = ceil_to(t, self.page_size)
-        alloc = self.token_to_kv_pool_allocator
-        dst = alloc.alloc(need)
+        dst = alloc_evicting(self.token_to_kv_pool_allocator, need, self._evict_for)
         if dst is None:
-            self.evict(EvictParams(num_tokens=need - alloc.available_size()))
-            dst = alloc.alloc(need)
-            if dst is None:
-                raise RuntimeError(
-                    f"out of KV memory copying a {t}-token snapshot tail; raise "
-                    f"--max-total-tokens or --mem-fraction-static"
-                )
+            raise RuntimeError(
+                f"out of KV memory copying a {t}-token snapshot tail; raise "
+                f"--max-total-tokens or --mem-fraction-static"
+            )
         src = handle_to_slots(source.tail_device, self.device)  # type: ignore[arg-type]
         self.pools.copy_kv(dst[:t], src[:t])
         return dst

@@ -26,6 +26,7 @@ from ..store.device import DevicePools, handle_to_slots, slots_to_handle
 from ..store.host_memory import HostMemory
 from ..store.layout import SlabLayout
 from ..store.transfer import BlockCopy, SlabCopier, TransferBatch
+from .pages import alloc_evicting, free_dropped
 from .skips import Skips
 
 logger = logging.getLogger(__name__)
@@ -190,19 +191,16 @@ class HostTier:
 
     def _alloc(self, tokens: int, *, backed_only: bool = False) -> torch.Tensor | None:
         """``tokens`` device slots, evicting cached blocks for them (never a pinned path)."""
-        out = self.allocator.alloc(tokens)
-        if out is None:
-            self.index.evict_device(
-                tokens - self.allocator.available_size(), backed_only=backed_only
-            )
+
+        def make_room(n: int) -> None:
+            self.index.evict_device(n, backed_only=backed_only)
             self._free(self.index.drain_freed_device())
-            out = self.allocator.alloc(tokens)
+
+        out = alloc_evicting(self.allocator, tokens, make_room)
         return out.to(torch.int64) if out is not None else None
 
     def _free(self, dropped: list[tuple[object, int]]) -> None:
-        if dropped:
-            slots = handle_to_slots(b"".join(h for h, _ in dropped), self.pools.device)  # type: ignore[misc]
-            self.allocator.free(slots)
+        free_dropped(self.allocator, dropped, self.pools.device)
 
     # ================================================================ prefetch (§6.6)
     def prefetch(self, path: list[BlockNode], source: Snapshot | None) -> int:

@@ -19,6 +19,7 @@ import torch
 from ..cpu.taps import TAPS_ATTR, TAPS_DONE_ATTR
 from ..index import BLOCK_TOKENS, CommitKind, Snapshot, SnapshotKind
 from ..store.device import handles_to_slots, slots_to_handle
+from .pages import alloc_evicting, free_dropped
 from .request import ATTR, InPassTap, MatchHandle, ReqState, key_for
 
 if TYPE_CHECKING:
@@ -267,19 +268,7 @@ class Publisher:
         """
         base = BLOCK_TOKENS * (frontier // BLOCK_TOKENS)
         need = ceil_to(frontier, self.page_size) - base
-        alloc = self.token_to_kv_pool_allocator
-        dst = alloc.alloc(need)
-        if dst is None:
-            self.index.evict_device(need - alloc.available_size())
-            self._free_dropped()
-            dst = alloc.alloc(need)
-        if dst is None and getattr(alloc, "free_group", None) is not None:
-            # Inside a free group (SGLang batches the frees of a batch's results; in-pass taps
-            # settle there) the evicted pages are only queued: release them now and go on
-            # grouping. The pages are nobody's; only their return is brought forward.
-            alloc.free_group_end()
-            alloc.free_group_begin()
-            dst = alloc.alloc(need)
+        dst = alloc_evicting(self.token_to_kv_pool_allocator, need, self._evict_for)
         if dst is None:
             return None
         t = frontier - base
@@ -364,7 +353,9 @@ class Publisher:
 
     def _free_dropped(self) -> None:
         """Return the device pages the index dropped to SGLang's allocator, in one call."""
-        dropped = self.index.drain_freed_device()
-        if dropped:
-            slots = handles_to_slots((h for h, _ in dropped), self.device)  # type: ignore[misc]
-            self.token_to_kv_pool_allocator.free(slots)
+        free_dropped(self.token_to_kv_pool_allocator, self.index.drain_freed_device(), self.device)
+
+    def _evict_for(self, tokens: int) -> None:
+        """Evict cached blocks (device LRU) for ``tokens`` and hand their pages back."""
+        self.index.evict_device(tokens)
+        self._free_dropped()

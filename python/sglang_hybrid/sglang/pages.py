@@ -1,0 +1,45 @@
+"""KV pages from SGLang's token allocator, for the backend's own copies (tails, restores).
+
+Contract:
+- ``alloc_evicting(allocator, tokens, make_room)``: ``tokens`` slots, or None. When the
+  allocator is short, ``make_room(shortfall)`` evicts cached blocks and hands their pages back
+  (``free_dropped``), and the allocation is retried: evictable cache is free memory. SGLang
+  batches the frees of a batch's results in a *free group*; pages freed inside one are only
+  queued, so when the retry still fails there, the group is released and reopened (the pages are
+  nobody's; only their return is brought forward) and the allocation tried once more.
+- ``free_dropped(allocator, dropped, device)``: the pages of the index's dropped blocks
+  (``PrefixIndex.drain_freed_device``) back to the allocator, in one call, on ``device``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+
+from ..store.device import handles_to_slots
+
+
+def alloc_evicting(
+    allocator: Any, tokens: int, make_room: Callable[[int], object]
+) -> torch.Tensor | None:
+    """``tokens`` slots from ``allocator``, evicting for them (see the module contract)."""
+    out = allocator.alloc(tokens)
+    if out is None:
+        make_room(tokens - allocator.available_size())
+        out = allocator.alloc(tokens)
+    if out is None and getattr(allocator, "free_group", None) is not None:
+        allocator.free_group_end()
+        allocator.free_group_begin()
+        out = allocator.alloc(tokens)
+    return out
+
+
+def free_dropped(
+    allocator: Any, dropped: Iterable[tuple[object, int]], device: torch.device
+) -> None:
+    """Hand the dropped blocks' pages back to ``allocator`` in one call (nothing if none)."""
+    handles = [h for h, _ in dropped]
+    if handles:  # the index stores device handles as bytes (store.device)
+        allocator.free(handles_to_slots(handles, device))  # type: ignore[arg-type]
