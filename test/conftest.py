@@ -47,6 +47,18 @@ def pytest_addoption(parser):
 
 
 @pytest.fixture(scope="session")
+def sglang_plugin() -> None:
+    """The plugin registered and SGLang's hooks applied, once per session (``register`` is
+    idempotent); the scheduler suites depend on it through a one-line autouse fixture."""
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    from sglang_hybrid.sglang import plugin
+
+    plugin.register()
+    HookRegistry.apply_hooks()
+
+
+@pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Both tiny architectures, written once into a session temp dir."""
     from sglang_hybrid.cpu.tiny_model import ARCHS, write_tiny_model

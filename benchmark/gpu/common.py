@@ -87,13 +87,26 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def timed_ms(fn: Callable[[], Any], device: str, repeat: int = 5, warmup: int = 1) -> float:
-    """Median wall time of ``fn`` in ms, the device synchronized around each call."""
+def timed_ms(
+    fn: Callable[[], Any], device: str, repeat: int = 5, warmup: int = 1, events: bool = False
+) -> float:
+    """Median time of ``fn`` in ms: wall time with the device synchronized around each call, or
+    (``events``, on CUDA) CUDA events around it, for kernels of microseconds."""
     for _ in range(warmup):
         fn()
     sync(device)
     out = []
     for _ in range(repeat):
+        if events and device == "cuda":
+            import torch
+
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            out.append(a.elapsed_time(b))
+            continue
         t0 = time.perf_counter()
         fn()
         sync(device)

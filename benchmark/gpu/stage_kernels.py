@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -49,6 +48,8 @@ if str(KEXT) not in sys.path:
     sys.path.insert(0, str(KEXT))
 if str(ROOT / "python") not in sys.path:
     sys.path.insert(0, str(ROOT / "python"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # common.py, when run standalone
+from common import Ctx, timed_ms  # noqa: E402
 
 # Qwen3-Next-80B-A3B per rank at TP 1.
 FULL = {
@@ -86,41 +87,9 @@ TINY = {
 }
 
 
-class _Recorder:
-    def __init__(self, results: dict[str, Any], ctx: Any = None) -> None:
-        self.results = results
-        self.ctx = ctx
-
-    def check(self, name: str, ok: bool, **detail: Any) -> bool:
-        self.results.setdefault("checks", {})[name] = {"ok": bool(ok), **detail}
-        print(
-            f"  [{'ok  ' if ok else 'FAIL'}] {name}" + (f" {detail}" if detail else ""), flush=True
-        )
-        return bool(ok)
-
-    def flush(self) -> None:
-        if self.ctx is not None and hasattr(self.ctx, "flush"):
-            self.ctx.flush()
-
-
-def _time_us(fn: Callable[[], Any], device: str, repeat: int = 10, warmup: int = 2) -> float:
+def _time_us(fn: Callable[[], Any], device: str, repeat: int = 10) -> float:
     """Median microseconds of ``fn`` (CUDA events on the device, wall clock on the CPU)."""
-    for _ in range(warmup):
-        fn()
-    out = []
-    for _ in range(repeat):
-        if device == "cuda":
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            out.append(a.elapsed_time(b) * 1e3)
-        else:
-            t = time.perf_counter()
-            fn()
-            out.append((time.perf_counter() - t) * 1e6)
-    return statistics.median(out)
+    return timed_ms(fn, device, repeat=repeat, warmup=2, events=True) * 1e3
 
 
 def _split_pass_us(given: float | None) -> float:
@@ -134,7 +103,7 @@ def _split_pass_us(given: float | None) -> float:
         return 2000.0
 
 
-def _library(rec: _Recorder, kx: Any, device: str, carry: Path | None = None) -> bool:
+def _library(rec: Ctx, kx: Any, device: str, carry: Path | None = None) -> bool:
     """Load (or on the device, build) the CUDA library; record how it went."""
     from sgl_kernel_ext import _lib, _registry, toolkit
 
@@ -148,7 +117,7 @@ def _library(rec: _Recorder, kx: Any, device: str, carry: Path | None = None) ->
     if not st["available"] and device == "cuda":
         tk = toolkit.find_toolkit(KEXT / "build")
         if isinstance(tk, str):
-            rec.results["device_build"] = f"not attempted: {tk}"
+            rec.result["device_build"] = f"not attempted: {tk}"
         else:
             t0 = time.perf_counter()
             r = subprocess.run(
@@ -157,7 +126,7 @@ def _library(rec: _Recorder, kx: Any, device: str, carry: Path | None = None) ->
                 text=True,
                 timeout=300,
             )
-            rec.results["device_build"] = {
+            rec.result["device_build"] = {
                 "rc": r.returncode,
                 "seconds": round(time.perf_counter() - t0, 1),
                 "tail": (r.stdout + r.stderr)[-1500:],
@@ -165,7 +134,7 @@ def _library(rec: _Recorder, kx: Any, device: str, carry: Path | None = None) ->
             _lib.load()
             _registry.register()
         st = kx.extension_status()
-    rec.results["extension"] = st
+    rec.result["extension"] = st
     if device == "cuda":
         rec.check(
             "the CUDA library loaded and its torch operators registered",
@@ -184,7 +153,7 @@ def _paged(n_blocks: int, page: int, slots: int, g: torch.Generator) -> torch.Te
 
 
 def _kv(
-    rec: _Recorder, kx: Any, s: dict[str, int], device: str, cuda_ops: bool, pages: list[int]
+    rec: Ctx, kx: Any, s: dict[str, int], device: str, cuda_ops: bool, pages: list[int]
 ) -> None:
     g = torch.Generator().manual_seed(0)
     dt = torch.bfloat16
@@ -275,7 +244,7 @@ def _kv(
             + ", ".join(f"{k}={v:.3g}" for k, v in row.items() if k.endswith(("gbs", "ratio"))),
             flush=True,
         )
-    rec.results["kv"] = out
+    rec.result["kv"] = out
     rec.flush()
 
 
@@ -288,7 +257,7 @@ def _tap_positions(s: dict[str, int]) -> list[int]:
 
 
 def _state_taps(
-    rec: _Recorder, kx: Any, s: dict[str, int], device: str, cuda_ops: bool, split_us: float
+    rec: Ctx, kx: Any, s: dict[str, int], device: str, cuda_ops: bool, split_us: float
 ) -> None:
     L, H, V, K, T = s["gdn_layers"], s["H"], s["V"], s["K"], s["tokens"]
     nt = T // 64
@@ -326,7 +295,8 @@ def _state_taps(
             tap_vs_split_pass=us / len(taps) / split_us,
         )
         rec.check(
-            "a state tap costs less than a split pass",
+            "a state tap costs less than the modelled fixed cost of a split pass "
+            "(CostModel.chunk_s, or --split-pass-us)",
             out["us_per_tap"] < split_us,
             us_per_tap=out["us_per_tap"],
             split_us=split_us,
@@ -334,11 +304,11 @@ def _state_taps(
     else:
         rec.check("state taps reference matches h[:, chunk]", ok_ref)
     out["reference_us_per_tap"] = out["reference_us"] / len(taps)
-    rec.results["state_taps"] = out
+    rec.result["state_taps"] = out
     rec.flush()
 
 
-def _conv_taps(rec: _Recorder, kx: Any, s: dict[str, int], device: str, cuda_ops: bool) -> None:
+def _conv_taps(rec: Ctx, kx: Any, s: dict[str, int], device: str, cuda_ops: bool) -> None:
     L, T, D, W = s["gdn_layers"], s["tokens"], s["conv_dim"], s["W"]
     dt = torch.bfloat16
     x = torch.randn(L, T, D, device=device).to(dt)
@@ -379,7 +349,7 @@ def _conv_taps(rec: _Recorder, kx: Any, s: dict[str, int], device: str, cuda_ops
             "conv taps reference: a tap at the pass start is the incoming state",
             torch.equal(first, incoming[:, 0]),
         )
-    rec.results["conv_taps"] = out
+    rec.result["conv_taps"] = out
     rec.flush()
 
 
@@ -392,16 +362,15 @@ def run(
 ) -> dict[str, Any]:
     """Fill ``results`` (a dict; or check_backend.py's ``Ctx``, whose ``result``, ``device`` and
     ``quick`` are used) with checks and measurements; returns the dict."""
-    ctx = None
-    if not isinstance(results, dict):  # check_backend.py's Ctx
-        ctx = results
-        results, device, quick = ctx.result, ctx.device, ctx.quick
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    quick = bool(quick)
-    rec = _Recorder(results, ctx)
+    if isinstance(results, dict):  # standalone: a context of our own around the dict
+        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        rec = Ctx(device, bool(quick), Path("."), result=results)
+    else:  # check_backend.py's Ctx
+        rec = results
+    results, device, quick = rec.result, rec.device, rec.quick
     import sgl_kernel_ext as kx
 
-    carry = getattr(ctx, "carry", None)
+    carry = rec.carry
     cuda_ops = _library(rec, kx, device, Path(carry) if carry else None)
     if device == "cuda":
         results["gpu"] = torch.cuda.get_device_name(0)

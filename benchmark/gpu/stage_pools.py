@@ -48,7 +48,7 @@ class Collector:
             entry["outcome"] = "failed"
             entry["where"] = report.when
             entry["error"] = str(report.longrepr)[-2500:]
-        elif report.skipped and report.when == "setup":
+        elif report.skipped:  # at setup, or pytest.skip() inside the test body
             entry["outcome"] = "skipped"
         if report.when == "teardown" and self.on_test is not None:
             self.on_test(self.tests)

@@ -403,10 +403,10 @@ def verify(worker: Any, reqs: dict[str, Any]) -> dict[str, Any]:
         # Rows grouped by the pass that produced them; a pass on this request's own schedule
         # and tokens is covered by ``r``, another one (a block deduplicated from another
         # request) gets its own reference.
-        groups: dict[tuple[tuple[int, ...], int], tuple[list[int], list[int]]] = {}
+        groups: dict[tuple[tuple[int, ...], tuple[int, ...]], tuple[list[int], list[int]]] = {}
         for i, c in enumerate(cap.kv_chains):
-            if c is not None:
-                groups.setdefault((c[0], id(c[1])), (c[1], []))[1].append(i)
+            if c is not None:  # keyed by the producer's tokens, not by the list object
+                groups.setdefault((c[0], tuple(c[1])), (c[1], []))[1].append(i)
         for (chain, _), (producer_tokens, positions) in groups.items():
             own = _is_prefix(chain, cap.chain) and (
                 producer_tokens[: chain[-1]] == cap.tokens[: chain[-1]]

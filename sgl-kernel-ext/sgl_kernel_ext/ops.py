@@ -334,17 +334,7 @@ def kv_blocks_to_staging(
     layers' K and V planes (default all; e.g. one layer at a time in forward order). Source
     slots may repeat.
     """
-    what = "kv_blocks_to_staging"
-    p = _kv_plan(kv_buffers, slot_lists, staging, layout, layers, False, what)
-    use = _use_cuda(impl, staging.device, what)
-    n, rows = p.slots.shape
-    if n == 0:
-        return 0
-    if use:
-        _kv_cuda(p, True)
-    else:
-        reference.kv_blocks_to_staging(*_ref_args(p), staging)
-    return n * rows * sum(p.layout.row_bytes[b] for b in p.selected)
+    return _kv_op(kv_buffers, slot_lists, staging, layout, layers, impl, to_staging=True)
 
 
 def staging_to_kv_blocks(
@@ -359,14 +349,30 @@ def staging_to_kv_blocks(
     """Scatter ``staging`` (the layout of ``kv_blocks_to_staging``) into the blocks' slots of
     every K/V buffer (or those of ``layers``), one launch; destination slots must be distinct.
     Returns bytes moved."""
-    what = "staging_to_kv_blocks"
-    p = _kv_plan(kv_buffers, slot_lists, staging, layout, layers, True, what)
+    return _kv_op(kv_buffers, slot_lists, staging, layout, layers, impl, to_staging=False)
+
+
+def _kv_op(
+    kv_buffers: Sequence[torch.Tensor],
+    slot_lists: Any,
+    staging: torch.Tensor,
+    layout: Any,
+    layers: Sequence[int] | None,
+    impl: str,
+    *,
+    to_staging: bool,
+) -> int:
+    """Both KV block ops: validate, then the CUDA kernel or the torch reference."""
+    what = "kv_blocks_to_staging" if to_staging else "staging_to_kv_blocks"
+    p = _kv_plan(kv_buffers, slot_lists, staging, layout, layers, not to_staging, what)
     use = _use_cuda(impl, staging.device, what)
     n, rows = p.slots.shape
     if n == 0:
         return 0
     if use:
-        _kv_cuda(p, False)
+        _kv_cuda(p, to_staging)
+    elif to_staging:
+        reference.kv_blocks_to_staging(*_ref_args(p), staging)
     else:
         reference.staging_to_kv_blocks(*_ref_args(p), staging)
     return n * rows * sum(p.layout.row_bytes[b] for b in p.selected)

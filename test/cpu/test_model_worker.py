@@ -163,7 +163,7 @@ def test_state_tap_equals_the_state_of_a_run_ending_there(make_scheduler, qwen35
     sched.run_until_idle(idle_check=False)
     assert sched.results()["untapped"].output_ids == sched.results()["tapped"].output_ids
     assert sched.worker.pieces["tapped"] == sched.worker.pieces["untapped"]
-    assert sched.worker.captures["tapped"] == [100, 150]
+    assert sched.worker.captured_taps["tapped"] == [100, 150]
     pool.mamba_allocator.free(dst)
     sched.on_idle()
 

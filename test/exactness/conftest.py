@@ -143,7 +143,7 @@ def run_config(make_scheduler, model_dir: Path, chat: Chat, name: str) -> Run:
                 if rid not in run.results and res.finished:
                     run.results[rid] = res
                     run.pieces[rid] = list(sched.worker.pieces.get(rid, []))
-                    run.captures[rid] = list(sched.worker.captures.get(rid, []))
+                    run.captures[rid] = list(sched.worker.captured_taps.get(rid, []))
                     with contextlib.suppress(KeyError):  # aborted before its first token
                         run.logits[rid] = sched.first_token_logits(rid).clone()
             try:
@@ -176,13 +176,8 @@ def _depths(index) -> dict[int, int]:
 
 
 @pytest.fixture(scope="session")
-def _plugin() -> None:
-    from sglang.srt.plugins.hook_registry import HookRegistry
-
-    from sglang_hybrid.sglang import plugin
-
-    plugin.register()
-    HookRegistry.apply_hooks()
+def _plugin(sglang_plugin: None) -> None:
+    pass
 
 
 @pytest.fixture(scope="session")

@@ -30,13 +30,8 @@ for p in (HERE, HERE.parent / "sglang"):  # checking_worker lives beside the bac
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _plugin() -> None:
-    from sglang.srt.plugins.hook_registry import HookRegistry
-
-    from sglang_hybrid.sglang import plugin
-
-    plugin.register()
-    HookRegistry.apply_hooks()
+def _plugin(sglang_plugin: None) -> None:
+    pass
 
 
 @pytest.fixture(autouse=True)
@@ -217,8 +212,7 @@ def build(make_scheduler: Callable[..., Any], qwen3_next_dir: Path) -> Iterator[
 
     ``"none"`` is the uncached reference (``disable_radix_cache``)."""
     from checking_worker import CheckingWorker
-
-    from sglang_hybrid.sglang.flags import HybridOptions
+    from sched_args import scheduler_args
 
     def _build(
         backend: str = "hybrid",
@@ -228,21 +222,7 @@ def build(make_scheduler: Callable[..., Any], qwen3_next_dir: Path) -> Iterator[
         opts: dict | None = None,
         **kw: Any,
     ) -> Harness:
-        args: dict[str, Any] = dict(
-            page_size=page,
-            chunked_prefill_size=chunk,
-            max_total_tokens=kw.pop("total", 8192),
-            max_running_requests=kw.pop("running", 4),
-            max_mamba_cache_size=kw.pop("mamba", 24),
-        )
-        if backend == "hybrid":
-            args["radix_cache_backend"] = "hybrid"
-            args["server_args_attrs"] = {
-                "_hybrid_options": HybridOptions(**{"host_cache_mib": 0, **(opts or {})})
-            }
-        elif backend == "none":
-            args["disable_radix_cache"] = True
-        args.update(kw)
+        args = scheduler_args(backend, page=page, chunk=chunk, opts=opts, **kw)
         sched = make_scheduler(qwen3_next_dir, worker="tokens", worker_class=CheckingWorker, **args)
         return Harness(sched)
 

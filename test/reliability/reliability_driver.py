@@ -112,8 +112,6 @@ class Tally:
     aborted: int = 0
     prompt_tokens: int = 0
     cached_tokens: int = 0
-    retract_calls: int = 0
-    retracted: int = 0
     idle_checks: int = 0
 
     @property
@@ -378,6 +376,11 @@ class RandomOps:
             self.tally.prompt_tokens += len(req.prompt)
             self.tally.cached_tokens += res.cached_tokens
             if res.finish_type == "abort":
+                # Only the aborts this driver sent: anything else is the scheduler or the cache
+                # giving up on a request it should have served.
+                assert rid in self.aborted_by_us, (
+                    f"{rid} was aborted by the server, not by the driver: {res.finish_reason}"
+                )
                 self.tally.aborted += 1
                 continue
             self._check_output(req, res)

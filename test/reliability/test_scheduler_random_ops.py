@@ -9,11 +9,30 @@ rerunning the same test with the same two options replays it exactly.
 
 from __future__ import annotations
 
+import dataclasses
 import zlib
 
 import pytest
 from reliability_driver import Config, RandomOps
 
+# A small KV pool, six running requests, long decodes and optimistic admission
+# (--schedule-conservativeness 0.1, and SGLang's new-token ratio decaying again within 30 passes
+# after a retraction instead of 600): SGLang retracts decoding requests under KV pressure
+# (counted) and they recompute later.
+TIGHT = Config(
+    "tight-p1",
+    total=1024,
+    running=6,
+    mamba=24,
+    max_prompt=300,
+    long_decode=0.5,
+    long_new=(100, 300),
+    abort_rate=0.02,
+    conservativeness=0.1,
+    ratio_decay_steps=30,
+    expect_retract=True,
+    share=0.7,
+)
 CONFIGS = [
     # Device only, page 1 and 64: eviction deletes subtrees (no host copy).
     Config("dev-p1"),
@@ -22,40 +41,8 @@ CONFIGS = [
     # restores and prefetches.
     Config("host-p1", host_mib=4),
     Config("host-p64", page=64, host_mib=4),
-    # A small KV pool, six running requests, long decodes and optimistic admission
-    # (--schedule-conservativeness 0.1, and SGLang's new-token ratio decaying again within 30
-    # passes after a retraction instead of 600): SGLang retracts decoding requests under KV
-    # pressure (counted) and they recompute later.
-    Config(
-        "tight-p1",
-        total=1024,
-        running=6,
-        mamba=24,
-        max_prompt=300,
-        long_decode=0.5,
-        long_new=(100, 300),
-        abort_rate=0.02,
-        conservativeness=0.1,
-        ratio_decay_steps=30,
-        expect_retract=True,
-        share=0.7,
-    ),
-    Config(
-        "tight-host-p64",
-        page=64,
-        host_mib=4,
-        total=1024,
-        running=6,
-        mamba=24,
-        max_prompt=300,
-        long_decode=0.5,
-        long_new=(100, 300),
-        abort_rate=0.02,
-        conservativeness=0.1,
-        ratio_decay_steps=30,
-        expect_retract=True,
-        share=0.7,
-    ),
+    TIGHT,
+    dataclasses.replace(TIGHT, name="tight-host-p64", page=64, host_mib=4),
     # Few snapshot slots and one running request: coalescing holds, taps refused for slots.
     Config("one-running", running=1, mamba=6, slots=2, share=0.6),
     Config("one-running-split", running=1, mamba=6, slots=2, share=0.6, tap_mode="split"),

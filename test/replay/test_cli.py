@@ -1,4 +1,5 @@
 import numpy as np
+import pytest
 
 from sglang_hybrid import cli as top
 from sglang_hybrid.replay import cli
@@ -66,3 +67,10 @@ def test_run_writes_a_report(tmp_path, capsys, qwen3_next_dir, small_agent_trace
     md = (out / "report.md").read_text()
     assert "sglang-hybrid replay run --trace sessions:" in md
     assert (out / "report.json").exists() and (out / "ttft_cdf.png").exists()
+
+
+def test_capture_grid_without_zero_split_is_refused(tmp_path):
+    argv = ["run", "--trace", "agent", "--sessions", "1", "--budget-gib", "16"]
+    argv += ["--capture-grid", "chunk", "--out", str(tmp_path)]
+    with pytest.raises(SystemExit, match="add --tap-mode zero-split"):
+        cli.main(argv)

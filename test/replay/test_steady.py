@@ -182,6 +182,7 @@ class _Fake(BaseHTTPRequestHandler):
 
 
 def test_live_flushes_prefills_and_leaves_the_warmup_out(tmp_path, capsys, small_agent_trace):
+    _Fake.sent, _Fake.flushed = [], 0  # class state: a rerun in the same process starts clean
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Fake)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}"

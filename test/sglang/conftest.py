@@ -21,13 +21,8 @@ os.environ["SGLANG_ENABLE_TREE_CACHE_SANITY_CHECK"] = "1"
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _plugin() -> None:
-    from sglang.srt.plugins.hook_registry import HookRegistry
-
-    from sglang_hybrid.sglang import plugin
-
-    plugin.register()
-    HookRegistry.apply_hooks()
+def _plugin(sglang_plugin: None) -> None:
+    pass
 
 
 class Harness:
@@ -70,10 +65,10 @@ class Harness:
 
 @pytest.fixture
 def build(make_scheduler: Callable[..., Any], qwen3_next_dir: Path) -> Iterator[Callable[..., Any]]:
-    """``build(backend="hybrid"|"builtin", page=1, chunk=64, **kw)`` -> Harness."""
+    """``build(backend="hybrid"|"builtin"|"none", page=1, chunk=2048, **kw)`` -> Harness
+    (``sched_args.scheduler_args``)."""
     from checking_worker import CheckingWorker
-
-    from sglang_hybrid.sglang.flags import HybridOptions
+    from sched_args import scheduler_args
 
     def _build(
         backend: str = "hybrid",
@@ -84,19 +79,7 @@ def build(make_scheduler: Callable[..., Any], qwen3_next_dir: Path) -> Iterator[
         model: Path | None = None,
         **kw: Any,
     ) -> Harness:
-        args: dict[str, Any] = dict(
-            page_size=page,
-            chunked_prefill_size=chunk,
-            max_total_tokens=kw.pop("total", 8192),
-            max_running_requests=kw.pop("running", 4),
-            max_mamba_cache_size=kw.pop("mamba", 24),
-        )
-        if backend == "hybrid":
-            args["radix_cache_backend"] = "hybrid"
-            args["server_args_attrs"] = {
-                "_hybrid_options": HybridOptions(**{"host_cache_mib": 0, **(opts or {})})
-            }
-        args.update(kw)
+        args = scheduler_args(backend, page=page, chunk=chunk, opts=opts, **kw)
         sched = make_scheduler(
             model or qwen3_next_dir, worker="tokens", worker_class=CheckingWorker, **args
         )

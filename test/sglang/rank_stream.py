@@ -56,6 +56,7 @@ def main() -> None:
         server_args_attrs={"_hybrid_options": HybridOptions(host_cache_mib=8)},
     )
     s.tree_cache.rank_check = RankCheck(keep=True)
+    s.tree_cache.coalescer.record_held()  # what --hybrid-check-ranks turns on
     data = random.Random(42)  # the stream: the same on every "rank"
     jitter = random.Random(os.getpid())  # the noise: different per process
     toks = lambda n: [data.randrange(10, 2000) for _ in range(n)]  # noqa: E731

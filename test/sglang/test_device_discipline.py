@@ -23,7 +23,9 @@ rng = random.Random(5)
 MOST_READS = {"checkpoint": 3, "before_chunked_abort": 3, "init_load_back": 2}
 
 
-def check_reads(audit) -> None:
+def check_reads(audit, must_run: tuple[str, ...] = ("match_prefix", "checkpoint", "evict")) -> None:
+    ran = set(audit.most_reads)  # every audited call records its count, zero included
+    assert set(must_run) <= ran, f"the workload never reached {set(must_run) - ran}"
     print(
         f"\ndevice->host reads: total {dict(audit.reads)}, most per call {dict(audit.most_reads)}"
     )
@@ -98,4 +100,4 @@ def test_device_discipline_scheduler_host_tier(build, page: int) -> None:
         for i in range(4):  # several at once: admissions wait for room, restore, release
             h.s.submit(f"w{i}", toks(600), 8)
         h.step_all()
-    check_reads(audit)
+    check_reads(audit, ("match_prefix", "checkpoint", "init_load_back", "prefetch_head"))

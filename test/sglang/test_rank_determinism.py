@@ -64,12 +64,12 @@ def test_rank_determinism_digest_chains_every_field() -> None:
     assert chain(d, base) != d  # a chain, not a set
 
 
-def _gloo_rank(rank: int, port: int, diverge_at: int | None, q: mp.Queue) -> None:
+def _gloo_rank(rank: int, rendezvous: str, diverge_at: int | None, q: mp.Queue) -> None:
     import torch.distributed as dist
 
     from sglang_hybrid.sglang.ranks import RankCheck, RankDivergence
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    dist.init_process_group("gloo", init_method=rendezvous, rank=rank, world_size=2)
     group = dist.new_group([0, 1], backend="gloo")
 
     class Coalescer:
@@ -102,22 +102,29 @@ def _gloo_rank(rank: int, port: int, diverge_at: int | None, q: mp.Queue) -> Non
 
 
 @pytest.mark.parametrize("diverge_at", [None, 3])
-def test_rank_determinism_check_ranks_over_a_gloo_group(diverge_at) -> None:
+def test_rank_determinism_check_ranks_over_a_gloo_group(diverge_at, tmp_path) -> None:
     """Two processes, one gloo group: equal decisions pass; the first differing pass stops both
     ranks with the message naming the pass."""
-    import socket
+    import queue
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    procs = [ctx.Process(target=_gloo_rank, args=(r, port, diverge_at, q)) for r in (0, 1)]
+    # A file rendezvous: no port to race for on a shared machine.
+    rendezvous = f"file://{tmp_path / 'rendezvous'}"
+    procs = [ctx.Process(target=_gloo_rank, args=(r, rendezvous, diverge_at, q)) for r in (0, 1)]
     for p in procs:
         p.start()
-    got = dict(q.get(timeout=120) for _ in procs)
-    for p in procs:
-        p.join(timeout=60)
+    try:
+        got = dict(q.get(timeout=180) for _ in procs)
+    except queue.Empty:
+        codes = [p.exitcode for p in procs]
+        raise AssertionError(f"a rank reported nothing in 180 s (exit codes {codes})") from None
+    finally:
+        for p in procs:
+            p.join(timeout=60)
+            if p.is_alive():
+                p.terminate()
+    assert [p.exitcode for p in procs] == [0, 0]
     if diverge_at is None:
         assert got == {0: None, 1: None}
     else:
@@ -131,5 +138,18 @@ def test_rank_determinism_flag_wires_the_check(build) -> None:
     h = build(opts={"check_ranks": True})
     check = h.cache.rank_check
     assert check is not None and check.world == 1
+    assert h.cache.coalescer._held_now is not None  # held requests are recorded for the digest
     h.run(list(range(10, 300)), max_new=4)
     assert check.passes > 0 and check.digest != 0
+
+
+def test_held_requests_are_not_recorded_without_the_rank_check(build) -> None:
+    """Nothing drains the held-rid record but the rank check: without it, nothing may accumulate
+    over a server's life."""
+    h = build()
+    shared = list(range(10, 700))
+    for i in range(4):
+        h.s.submit(f"c{i}", shared + [3000 + i] * 20, 4)
+    h.step_all()
+    assert h.cache.coalescer._held_now is None
+    assert h.cache.coalescer.take_held() == ()

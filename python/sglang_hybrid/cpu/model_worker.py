@@ -21,7 +21,7 @@ Contract:
   cut on its own 64-token grid and an off-grid position is reached from the chunk state below
   it by the few tokens in between, the conv window is read from the conv's input; after the
   call each tap's states are written into its destination slot exactly as they would be stored
-  in the request's own slot, and its position is recorded as done (``captures[rid]`` with
+  in the request's own slot, and its position is recorded as done (``captured_taps[rid]`` with
   ``record_logits``). Cost: no extra model call, a < 64-token rule recompute per off-grid tap
   and linear layer. A captured state equals what a pass ending there stores up to the rounding
   of the GEMMs before the rule, which see another number of rows (~1e-6; ``split_invariant``).
@@ -101,7 +101,7 @@ class ModelWorker(CpuTpWorker):
         self.record_logits = False
         self.logits: dict[str, dict[int, torch.Tensor]] = {}
         self.pieces: dict[str, list[tuple[int, int]]] = {}
-        self.captures: dict[str, list[int]] = {}  # positions captured inside a model call
+        self.captured_taps: dict[str, list[int]] = {}  # positions captured inside a model call
         self._view: PoolView | None = None
 
     def alloc_memory_pool(self, memory_pool_config: Any = None, **kwargs: Any) -> None:
@@ -237,7 +237,7 @@ class ModelWorker(CpuTpWorker):
                 capture.store(view, tap.position - prefix, tap.dst_slot)
                 mark_tap_done(span.req, tap.position)
                 if self.record_logits:
-                    self.captures.setdefault(span.req.rid, []).append(tap.position)
+                    self.captured_taps.setdefault(span.req.rid, []).append(tap.position)
         logits = out.logits[0, -1].to(torch.float32)
         store_new_kv(view, cache, prefix, out_cache_loc)
         store_linear_states(view, cache, slot)

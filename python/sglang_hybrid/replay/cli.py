@@ -242,6 +242,10 @@ def cmd_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
         raise SystemExit(f"--caches: unknown {unknown}; choose from {', '.join(CACHES)}")
     if args.prefill_pool and args.warmup_unrelated:
         raise SystemExit("--prefill-pool sizes the warm-up itself: drop --warmup-unrelated")
+    if args.capture_grid != "any" and args.tap_mode != "zero-split":
+        raise SystemExit(
+            "--capture-grid says where zero-split taps are captured: add --tap-mode zero-split"
+        )
     trace = load_trace(args.trace, args)
     warm = args.prefill_pool or args.warmup_unrelated > 0
     meta = {

@@ -49,7 +49,9 @@ class Coalescer:
         self._queue_seen: tuple[int, str, str] = (0, "", "")
         self._window_seen: tuple[Any, ...] = ()
         self._held: list[Any] = []  # the last decision, reused while nothing changed
-        self._held_now: tuple[str, ...] = ()  # held by the passes since ``take_held``
+        # Held rids since the last ``take_held``, kept only for the rank check (``record_held``):
+        # nothing else drains it, so it is not recorded otherwise.
+        self._held_now: list[str] | None = None
 
     # ------------------------------------------------------------ the pass
     def select(self, scheduler: Any) -> list[Any]:
@@ -78,7 +80,7 @@ class Coalescer:
             for r in self._held:
                 self.holds[r.rid] += 1
             self.cache.index.stats.coalesce_holds += len(self._held)
-            self._held_now += tuple(r.rid for r in self._held)
+            self._note_held(self._held)
             return list(self._held)
         self._window_seen = seen
         inflight: InflightPrefixes[Any] = InflightPrefixes()
@@ -108,7 +110,7 @@ class Coalescer:
         self.holds = holds
         self._held = held
         self._prune(scheduler)
-        self._held_now += tuple(r.rid for r in held)
+        self._note_held(held)
         return list(held)
 
     @staticmethod
@@ -195,9 +197,21 @@ class Coalescer:
             if rid not in demand and (key := self._key(req)) is not None:
                 demand.add(rid, key)
 
+    def record_held(self) -> None:
+        """Keep the held request ids for ``take_held`` from now on (``--hybrid-check-ranks``)."""
+        if self._held_now is None:
+            self._held_now = []
+
+    def _note_held(self, held: list[Any]) -> None:
+        if self._held_now is not None:
+            self._held_now.extend(r.rid for r in held)
+
     def take_held(self) -> tuple[str, ...]:
-        """Request ids held since the last call (the rank check's per-pass record)."""
-        held, self._held_now = self._held_now, ()
+        """Request ids held since the last call (the rank check's per-pass record); empty
+        unless ``record_held`` was called."""
+        if not self._held_now:
+            return ()
+        held, self._held_now = tuple(self._held_now), []
         return held
 
     def forget(self, rid: str) -> None:

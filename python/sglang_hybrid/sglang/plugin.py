@@ -293,7 +293,7 @@ def _resolve_tap_mode(opts: Any, worker: Any) -> tuple[Any, int]:
     from .flags import FLAG_TAP_MODE
 
     cpu = bool(getattr(worker, "state_taps", False))
-    # A worker may narrow where it captures (``state_tap_grid``; the replay models the GPU hook).
+    # A worker may narrow where it captures (``state_tap_grid``: the replay's chunk-grid variant).
     grid = int(getattr(worker, "state_tap_grid", 1)) if cpu else gdn_taps.grid_of(worker)
     if opts.tap_mode == "zero-split" and not grid:
         raise ConfigError(
@@ -357,6 +357,8 @@ def build_cache(ctx: Any) -> Any:
         from .ranks import RankCheck
 
         cache.rank_check = RankCheck(params.tp_cache_group)
+        if cache.coalescer is not None:
+            cache.coalescer.record_held()
     logger.info(
         "sglang-hybrid cache%s: %s; page size %d, block bundle %d B, state image %d B",
         " (disabled by --disable-radix-cache)" if params.disable else "",
