@@ -105,7 +105,13 @@ def restore_pipeline(results: dict, dev: str = "cuda", scale: int = 1) -> None:
     _sync(cuda)
     start = _Event(cuda)
     t0 = time.perf_counter()
-    moved = batch.run(to_host=False)
+    if cuda:  # the host tier's copy stream (store/copy_queue.py: StreamQueue)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            moved = batch.run(to_host=False)
+    else:
+        moved = batch.run(to_host=False)
     issue_s = time.perf_counter() - t0
     ready, sums_ok = [], True
     for pos, (kind, idx) in enumerate(order):

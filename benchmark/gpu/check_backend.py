@@ -23,6 +23,9 @@ of time is recorded and the next one runs):
                the per-chunk state ``h`` (and the fp32 ``TRACK_STATE`` snapshot) at chunk i
                against the final state of a pass split at 64·i, and the cost of gathering ``h``:
                the basis of zero-split taps (``stage_chunk.py``).
+  H   host     (~45 s): the host tier's copies off the scheduler thread (issue #13): a 32k-token
+               write-through and restore while a request decodes, async vs inline copies; issue
+               time under 1 ms, decode stall, resume position (``stage_host_copies.py``).
   K   kernels  (what the budget leaves, at most 1 min): ``sgl_kernel_ext``'s CUDA ops bit-exact
                against their torch references, and timed (``stage_kernels.py``,
                docs/kernel-ext.md; its library travels in the carry when it was built here).
@@ -76,6 +79,7 @@ STAGES: dict[str, tuple[str, str, int, int]] = {
     "A2": ("HostTier copies at real per-rank shapes", "stage_shapes", 55, 300),
     "B": ("SGLang's Scheduler, CUDA model worker, exactness", "stage_scheduler", 210, 900),
     "C": ("Triton chunk_gated_delta_rule per-chunk states", "stage_chunk", 50, 300),
+    "H": ("host tier off the scheduler thread: issue, stall", "stage_host_copies", 45, 300),
     # Another engineer's stage (docs/kernel-ext.md): last, on whatever the budget leaves.
     "K": ("sgl_kernel_ext CUDA ops: bit-exact vs references, timed", "stage_kernels", 60, 180),
 }

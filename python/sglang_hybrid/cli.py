@@ -1,6 +1,7 @@
 """``sglang-hybrid``: the package's command line, a dispatcher over subcommands.
 
-``sglang-hybrid replay ...`` runs the trace-replay benchmark (``sglang_hybrid.replay.cli``).
+``sglang-hybrid replay ...`` runs the trace-replay benchmark (``sglang_hybrid.replay.cli``);
+``sglang-hybrid cache inspect PATH`` prints what a host tier file holds (``store/cache_inspect``).
 Subcommand modules are imported only when chosen, so ``--help`` stays fast.
 """
 
@@ -14,6 +15,7 @@ USAGE = """usage: sglang-hybrid <command> [args...]
 commands:
   replay    replay traces against prefix caches through SGLang's scheduler on the CPU
             (sglang-hybrid replay --help)
+  cache     host tier files of --hybrid-cache-file: sglang-hybrid cache inspect PATH
 """
 
 
@@ -27,6 +29,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from sglang_hybrid.replay.cli import main as replay_main
 
         return replay_main(rest)
+    if command == "cache":
+        from sglang_hybrid.store.cache_inspect import main as cache_main
+
+        return cache_main(rest)
     print(f"sglang-hybrid: unknown command {command!r}\n\n{USAGE}", end="", file=sys.stderr)
     return 2
 

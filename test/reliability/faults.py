@@ -80,8 +80,21 @@ class FailingCopies:
                 self._maybe_fail(to_host)
                 return image(copier, slot, slabs, to_host, *a, **kw)
 
+            # Whole blocks may go through one staging buffer instead (the copy worker's path).
+            stage_out, stage_in = SlabCopier.stage_out, SlabCopier.stage_in
+
+            def failing_stage_out(copier: Any, items: Any, *a: Any, **kw: Any) -> int:
+                self._maybe_fail(True)
+                return stage_out(copier, items, *a, **kw)
+
+            def failing_stage_in(copier: Any, items: Any, *a: Any, **kw: Any) -> Any:
+                self._maybe_fail(False)
+                return stage_in(copier, items, *a, **kw)
+
             mp.setattr(SlabCopier, "blocks", failing_blocks)
             mp.setattr(SlabCopier, "image", failing_image)
+            mp.setattr(SlabCopier, "stage_out", failing_stage_out)
+            mp.setattr(SlabCopier, "stage_in", failing_stage_in)
         try:
             yield self
         finally:
@@ -91,7 +104,7 @@ class FailingCopies:
 # The allocation sites of the backend (function names in sglang_hybrid.sglang); SGLang's own
 # calls pass through untouched.
 KV_SITES = ("_copy_tail", "_copy_request_tail", "_alloc")
-MAMBA_SITES = ("_reserve_slots", "_prepare_state_slot", "init_load_back")
+MAMBA_SITES = ("_reserve_slots", "_prepare_state_slot", "init_load_back", "_restored_match")
 # Backend helpers that allocate on behalf of their caller (sglang/pages.py).
 SHARED_HELPERS = ("alloc_evicting",)
 

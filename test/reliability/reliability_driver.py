@@ -75,7 +75,13 @@ class Config:
     tap_mode: str = "auto"  # --hybrid-tap-mode (auto: zero-split with the CPU workers)
 
     def build_kwargs(self) -> dict[str, Any]:
-        opts: dict[str, Any] = {"host_cache_mib": self.host_mib, "tap_mode": self.tap_mode}
+        opts: dict[str, Any] = {
+            "host_cache_mib": self.host_mib,
+            "tap_mode": self.tap_mode,
+            # Host copies in flight for one iteration, run on this thread: every asynchronous
+            # state is reached and a seed replays exactly (no copy-thread timing).
+            "host_copy": "deferred",
+        }
         if self.slots is not None:
             opts["device_snapshot_slots"] = self.slots
         if self.taps is not None:

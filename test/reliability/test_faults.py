@@ -405,6 +405,9 @@ COPY_TAIL_CRASH = (
         ("mamba", "_reserve_slots"),
         ("mamba", "_prepare_state_slot"),
         ("mamba", "init_load_back"),
+        # An asynchronous restore retired but no state slot to resume into: the restore is
+        # given up (its pages stay cached) and the request matches afresh.
+        ("mamba", "_restored_match"),
     ],
 )
 def test_pool_exhausted_at_a_backend_allocation_site(build, monkeypatch, pool, site):

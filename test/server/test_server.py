@@ -7,23 +7,10 @@ import random
 from pathlib import Path
 
 import pytest
+from server_helpers import generate, toks
 
 from sglang_hybrid.cpu.server import CpuServer
 from sglang_hybrid.demo.session import WORDS
-
-
-def toks(seed: int, n: int) -> list[int]:
-    rng = random.Random(seed)
-    return [rng.randrange(20, 1500) for _ in range(n)]
-
-
-def generate(server: CpuServer, ids: list[int], max_new: int = 8) -> dict:
-    status, out = server.post_json(
-        "/generate",
-        {"input_ids": ids, "sampling_params": {"max_new_tokens": max_new, "temperature": 0}},
-    )
-    assert status == 200, out
-    return out
 
 
 def test_the_server_reports_our_backend(hybrid_server: CpuServer) -> None:

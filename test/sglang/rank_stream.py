@@ -1,13 +1,15 @@
 """One TP rank's view of a request stream, for ``test_rank_determinism.py``.
 
-    python rank_stream.py MODEL_DIR OUT.json [--noise N]
+    python rank_stream.py MODEL_DIR OUT.json [--noise N] [--group RENDEZVOUS RANK DELAY_S]
 
 Builds SGLang's real Scheduler (CPU token worker, ``--radix-cache hybrid`` with the host tier and
 coalescing), runs a fixed stream (groups arriving together with new shared prefixes, multi-turn
 continuations, repeats, an abort mid-prefill, pressure on a small KV pool and host tier) and
 writes every pass's ``PassRecord``. ``--noise N`` allocates and frees N objects of assorted sizes
 between submissions, so CPython hands out different addresses than in a run without it, as on
-rank 0 (which unpickles every request) against the other ranks.
+rank 0 (which unpickles every request) against the other ranks. ``--group`` joins a two-process
+gloo group the host tier's poll MIN-all-reduces over, and delays this rank's copies by DELAY_S
+each, so the ranks finish copies at different times (asynchronous host tier, issue #13).
 """
 
 from __future__ import annotations
@@ -55,6 +57,29 @@ def main() -> None:
         radix_cache_backend="hybrid",
         server_args_attrs={"_hybrid_options": HybridOptions(host_cache_mib=8)},
     )
+    stats = {"held_back": 0}
+    if "--group" in sys.argv:  # RENDEZVOUS_FILE RANK DELAY: the host tier polls over a real group
+        import time
+
+        import torch.distributed as dist
+
+        i = sys.argv.index("--group")
+        store = dist.FileStore(sys.argv[i + 1], 2)
+        group = dist.ProcessGroupGloo(store, int(sys.argv[i + 2]), 2)
+        delay = float(sys.argv[i + 3])
+        host = s.tree_cache.host
+        host.group, host.world = group, 2
+        agree, issue = host._agree, host.queue.issue
+
+        def counted(k: int) -> int:  # how often this rank had finished more than all had
+            got = agree(k)
+            stats["held_back"] += k - got
+            return got
+
+        def slowed(op):  # this rank's copies take longer (another GPU, another load)
+            return issue(lambda: (time.sleep(delay), op())[1])
+
+        host._agree, host.queue.issue = counted, slowed
     s.tree_cache.rank_check = RankCheck(keep=True)
     s.tree_cache.coalescer.record_held()  # what --hybrid-check-ranks turns on
     data = random.Random(42)  # the stream: the same on every "rank"
@@ -81,6 +106,7 @@ def main() -> None:
         s.run_until_idle()
     records = s.tree_cache.rank_check.records
     Path(out).write_text(json.dumps([list(r) for r in records]))
+    Path(out + ".stats").write_text(json.dumps(stats))
     s.close()
 
 

@@ -16,13 +16,14 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 HERE = Path(__file__).resolve().parent
 
 
-def _run_rank(model: Path, out: Path, seed: str, noise: int) -> list:
+def _start_rank(model: Path, out: Path, seed: str, noise: int, group: list[str]) -> Any:
     env = {**os.environ, "PYTHONHASHSEED": seed}
     cmd = [
         sys.executable,
@@ -31,18 +32,32 @@ def _run_rank(model: Path, out: Path, seed: str, noise: int) -> list:
         str(out),
         "--noise",
         str(noise),
+        "--group",
+        *group,
     ]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(out.read_text())
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _finish(proc: Any, out: Path) -> tuple[list, dict]:
+    _, err = proc.communicate(timeout=900)
+    assert proc.returncode == 0, err[-3000:]
+    return json.loads(out.read_text()), json.loads(Path(f"{out}.stats").read_text())
 
 
 def test_rank_determinism_two_schedulers_decide_the_same(qwen3_next_dir, tmp_path) -> None:
-    a = _run_rank(qwen3_next_dir, tmp_path / "a.json", seed="1", noise=0)
-    b = _run_rank(qwen3_next_dir, tmp_path / "b.json", seed="977", noise=300)
+    """Two ranks with different hash seeds, allocation histories and copy speeds (rank B's host
+    copies take 3 ms longer each): the host tier's poll agrees on the MIN of finished copies
+    over a real gloo group, so every pass decides the same although rank A finishes first."""
+    store = str(tmp_path / "rendezvous")
+    a_proc = _start_rank(qwen3_next_dir, tmp_path / "a.json", "1", 0, [store, "0", "0"])
+    b_proc = _start_rank(qwen3_next_dir, tmp_path / "b.json", "977", 300, [store, "1", "0.003"])
+    a, a_stats = _finish(a_proc, tmp_path / "a.json")
+    b, _ = _finish(b_proc, tmp_path / "b.json")
     held = sum(len(r[2]) for r in a)
-    print(f"\n{len(a)} passes, {held} coalescing holds, last counters {a[-1][3]}")
+    print(f"\n{len(a)} passes, {held} coalescing holds, last counters {a[-1][3]}, {a_stats}")
     assert len(a) > 50 and held > 0  # the stream exercised coalescing
+    # The agreement mattered: rank A had finished copies rank B had not, and waited for them.
+    assert a_stats["held_back"] > 0
     for i, (x, y) in enumerate(zip(a, b)):
         assert x == y, f"pass {i}: rank A decided {x}, rank B {y}"
     assert len(a) == len(b)

@@ -263,15 +263,18 @@ class InProcessScheduler:
         return batch
 
     def has_work(self) -> bool:
-        """Anything waiting, running, chunked, or a prefill batch that has not yet joined the
-        running batch (that happens at the next ``get_next_batch_to_run``)."""
+        """Anything waiting, running, chunked, a prefill batch that has not yet joined the
+        running batch (that happens at the next ``get_next_batch_to_run``), or host-tier copies
+        the next iterations retire (the event loop keeps polling them)."""
         s = self.scheduler
         last = s.last_batch
+        copies = getattr(s.tree_cache, "copies_in_flight", None)  # the hybrid host tier's
         return (
             bool(s.waiting_queue)
             or not s.running_batch.is_empty()
             or s.chunked_req is not None
             or (last is not None and not last.is_empty())
+            or (copies is not None and copies())
         )
 
     def run_until_idle(self, max_steps: int = 100_000, *, idle_check: bool = True) -> int:

@@ -24,7 +24,7 @@ class Match(NamedTuple):
     n: int  # tokens the match considered
     path: list[BlockNode]  # matched full blocks, block 0 first
     device_blocks: int  # leading path blocks whose device copy is resident (not filling)
-    settled_blocks: int  # leading path blocks with no copy still filling
+    settled_blocks: int  # leading path blocks with no device copy still filling
     best: Snapshot | None  # s*: the deepest valid snapshot (§6.2)
     best_device: Snapshot | None  # s_dev: the deepest one fully resident on the device
     branch_point: int | None  # 64k when the walk left the tree where it continues differently
@@ -62,7 +62,9 @@ def match_prompt(tree: BlockTree, key: PromptKey, limit: int | None = None) -> M
             break
         if device_blocks < 0 and child.device_state is not resident:
             device_blocks = b
-        if settled < 0 and (child.device_state is filling or child.host_state is filling):
+        # A restore still landing hides what lies beyond; a write-through in flight does not
+        # (the device copy it reads is intact and pinned by its lane).
+        if settled < 0 and child.device_state is filling:
             settled = b
         path.append(child)
         node = child

@@ -28,6 +28,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from . import persist
 from . import valuation as val
 from .config import CacheConfig
 from .cost import CostModel
@@ -38,6 +39,7 @@ from .keys import BLOCK_BYTES, BLOCK_TOKENS, PromptKey
 from .lane import Lane
 from .match import Match, match_prompt
 from .node import BlockNode, Residency
+from .persist import Adopted, AdoptPlan, HostExport
 from .residency import DeviceResidency
 from .snapshot import Snapshot, SnapshotKind
 from .taps import Tap, TapHint, TapPlanner
@@ -393,17 +395,7 @@ class PrefixIndex(DeviceResidency, HostTransfers):
         step = lane.last_tap if lane.resumed_from_endpoint else None
         if kind is SnapshotKind.ENDPOINT and step is not None:
             s.lineage_tap = step.id
-        owner = self._add_retained(s)  # before s is listed: the owner is someone else
-        if anchor.snapshots is None:
-            anchor.snapshots = []
-        anchor.snapshots.append(s)
-        self.snapshots[s.id] = s
-        self._add_live(anchor, +1)
-        s.ancestor = val.find_ancestor(s)
-        for d in val.find_dependents(s):
-            self._relink(d, s)
-        if s.ancestor is not None:
-            s.ancestor.dependents.append(s)
+        owner = self._link_snapshot(s)
         # The lineage is read now, not at reservation: a lane may hold several reservations at
         # once (taps captured inside one pass), each superseding the ones published before it.
         recost, resize = self._supersede_all(self._lineage(lane, frontier, kind))
@@ -417,6 +409,23 @@ class PrefixIndex(DeviceResidency, HostTransfers):
         lane.published += 1
         self.epoch += 1
         return s
+
+    def _link_snapshot(self, s: Snapshot) -> Snapshot | None:
+        """Enter a new retained snapshot: counted retained, listed at its anchor, its ancestor and
+        dependents linked (§9.3). Returns the snapshot that owned its path before (to revalue)."""
+        anchor = s.anchor
+        owner = self._add_retained(s)  # before s is listed: the owner is someone else
+        if anchor.snapshots is None:
+            anchor.snapshots = []
+        anchor.snapshots.append(s)
+        self.snapshots[s.id] = s
+        self._add_live(anchor, +1)
+        s.ancestor = val.find_ancestor(s)
+        for d in val.find_dependents(s):
+            self._relink(d, s)
+        if s.ancestor is not None:
+            s.ancestor.dependents.append(s)
+        return owner
 
     def pin_snapshot(self, s: Snapshot) -> None:
         s.restore_pins += 1
@@ -593,6 +602,20 @@ class PrefixIndex(DeviceResidency, HostTransfers):
                 return val.sole_retained_below(node)
             node = node.parent
         return None
+
+    # ================================================================ persistence (§5.5)
+    def export_host(self) -> HostExport:
+        """The host tier as records: retained host-backed snapshots and their paths."""
+        return persist.export_host(self)
+
+    def plan_adopt(self, records: HostExport) -> AdoptPlan:
+        """What of ``records`` this (empty) index's host budget holds, by GDSF density."""
+        assert self.host is not None, "no host tier"
+        return persist.plan_adopt(self, records, self.host.free)
+
+    def adopt_host(self, records: HostExport, plan: AdoptPlan) -> Adopted:
+        """Rebuild the planned records as host-only entries; returns the slab copies to make."""
+        return persist.adopt_host(self, records, plan)
 
     # ================================================================ checks
     def check_integrity(self) -> None:

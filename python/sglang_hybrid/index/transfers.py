@@ -41,8 +41,14 @@ class HostTransfers:
         from .host_eviction import make_room
 
         todo = [n for n in lane.path if n.host_state is R.ABSENT and n.device_state is R.RESIDENT]
+        if todo and make_room(self, len(todo)):  # the common case: room for all in one go
+            slabs = self.host.alloc(len(todo))
+            assert slabs is not None
+            for node, slab in zip(todo, slabs, strict=True):
+                node.host_slab, node.host_state = slab, R.FILLING
+            return list(zip(todo, slabs, strict=True))
         out: list[tuple[BlockNode, int]] = []
-        for node in todo:
+        for node in todo:  # short of room: as many as eviction frees, root first
             if not make_room(self, 1):
                 break
             slab = self.host.alloc(1)[0]  # type: ignore[index]

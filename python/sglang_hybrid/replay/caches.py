@@ -144,6 +144,9 @@ def scheduler_kwargs(
             taps_per_request=taps_per_request,
             tap_ladder=tap_ladder,
             tap_min_gap=tap_min_gap,
+            # The replay counts prefill in modelled time: copies on the scheduler thread keep
+            # its admissions independent of a copy thread's timing (reproducible figures).
+            host_copy="inline",
         )
         kw["server_args_attrs"] = {"_hybrid_options": opts}
     elif plan.cache == "extra_buffer":

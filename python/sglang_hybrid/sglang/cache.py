@@ -17,7 +17,8 @@ The index decides; SGLang's pools hold the bytes. How SGLang's calls map onto th
   request's state slot itself (no copy; the snapshot slot it displaced goes back to SGLang) and the
   partial last block's pages as its tail.
 - The checkpoint path (commits, taps, endpoints, the cancel hook) is the ``Publisher`` mixin
-  (``publish.py``).
+  (``publish.py``); host restores through SGLang's load-back and the per-iteration poll of the
+  host tier's copies are the ``LoadBack`` mixin (``load_back.py``).
 - Snapshot slots are D extra ``MambaPool`` slots this cache holds from construction; SGLang sees
   them in ``mamba_protected_size`` so its idle identity holds.
 """
@@ -35,7 +36,6 @@ from sglang.srt.mem_cache.base_prefix_cache import (
     EvictParams,
     EvictResult,
     IncLockRefResult,
-    InitLoadBackParams,
     MatchPrefixParams,
     MatchResult,
     TreeLock,
@@ -57,7 +57,8 @@ from ..store.layout import build_layout
 from .coalesce import Coalescer
 from .flags import HybridOptions
 from .hints import tap_hints
-from .host_tier import HostTier, RestoreFailed
+from .host_tier import HostTier
+from .load_back import LoadBack
 from .pages import alloc_evicting
 from .publish import Publisher, ceil_to
 from .ranks import RankCheck
@@ -67,7 +68,7 @@ from .skips import Skips
 logger = logging.getLogger(__name__)
 
 
-class HybridRadixCache(Publisher, BasePrefixCache):
+class HybridRadixCache(LoadBack, Publisher, BasePrefixCache):
     def __init__(
         self,
         params: Any,
@@ -110,6 +111,8 @@ class HybridRadixCache(Publisher, BasePrefixCache):
         self.capture_grid = capture_grid
         self.taps_in_pass = 0
         self.coalescer = Coalescer(self) if options.coalesce and not self.disable else None
+        self._tp_group = getattr(params, "tp_cache_group", None)  # the host tier's MIN poll
+        self._free_next_poll: list[torch.Tensor] = []  # restore staging slots (MambaPool)
         self.index = self._new_index()
         self._reserve_slots(strict=True)
         if getattr(params, "enable_metrics", False):
@@ -121,6 +124,8 @@ class HybridRadixCache(Publisher, BasePrefixCache):
         )
         if self.config.has_host and not self.disable:
             if self.host is not None:
+                self.host.drain()  # nothing may land in the old index's slabs afterwards
+                self.host.restores.clear()
                 self.host.index = index  # a reset keeps the allocation, drops the contents
                 self.host.memory.pool = index.host  # type: ignore[assignment]
             else:
@@ -133,6 +138,9 @@ class HybridRadixCache(Publisher, BasePrefixCache):
                     self._forward_order(),
                     self.page_size,
                     self.skips,
+                    copy_mode=self.options.host_copy,
+                    write_limit_bytes=self.options.host_write_mib << 20,
+                    group=self._tp_group,
                 )
         return index
 
@@ -199,7 +207,11 @@ class HybridRadixCache(Publisher, BasePrefixCache):
         return 0  # snapshot slots are held for good; eviction reuses them, never returns them
 
     def mamba_protected_size(self) -> int:
-        return len(self._slot_ids)
+        # The snapshot slots, and the staging slots of asynchronous restores.
+        staged = 0
+        if self.host is not None and self.host.restores:
+            staged = sum(p.staging is not None for p in self.host.restores.values())
+        return len(self._slot_ids) + staged + len(self._free_next_poll)
 
     def total_size(self) -> tuple[int, int]:
         return self.index.device_tokens, len(self._slot_ids)
@@ -240,8 +252,14 @@ class HybridRadixCache(Publisher, BasePrefixCache):
             )
             setattr(req, ATTR, state)
         pkey = key_for(state, tokens, n, namespace_of(key))
+        if state is not None and state.restore is not None:
+            ready = self._restored_match(req, state, pkey, cow=bool(params.cow_mamba))
+            if ready is not None:
+                return ready
         m = self.index.match(pkey)
         source, host_source = self._choose(m)
+        if state is not None and state.no_host:
+            host_source = None  # its restore failed once: resume from the device or recompute
         if params.cow_mamba and req is not None and not self._prepare_state_slot(req, source):
             source = host_source = None  # no state slot to resume into: prefill from the root
             self._prepare_state_slot(req, None)
@@ -278,60 +296,6 @@ class HybridRadixCache(Publisher, BasePrefixCache):
             return dev, None
         c = cheapest(self.index, m, request_tokens=m.n)
         return dev, (c.snapshot if c.snapshot is m.best else None)
-
-    # ================================================================ load-back
-    def init_load_back(self, params: InitLoadBackParams) -> tuple[int, Any] | None:
-        """Restore the host source SGLang's admission accepted (§6.4-6.5): open its lane (path
-        and source pinned), bring host-only blocks, tail and image to the device, and hand SGLang
-        the restored length and the handle its admission locks next (the lock nests on this lane).
-
-        Returns None (retry in a later pass) when the device has no room for the pages even after
-        evicting; ``(0, device handle)`` (resume from the device source) when a copy failed.
-        """
-        req = params.req
-        star: MatchHandle = params.best_match_node
-        dev: MatchHandle = req.last_node
-        source = star.source
-        if self.disable or self.host is None or source is None or star is dev:
-            return 0, dev
-        kv = req.kv
-        if not kv.holds_mamba:  # a host image lands in the request's own state slot
-            got = self.mamba_allocator.alloc(1)
-            if got is None:
-                return None
-            kv.mamba_pool_idx = got[0]
-        assert star.match is not None and star.state is not None
-        lane = self.index.open_lane(star.match, source, enabled=star.state.enabled)
-        image_on_device = source.image_on_device
-        try:
-            restored = self.host.restore(lane.path, source, star.slot_of(req))
-        except RestoreFailed:
-            restored = False
-        if not restored:
-            self.index.release(lane)
-            self._free_dropped()
-            if restored is None:
-                return None
-            if dev.source is None:  # the slot may hold part of the image: start from zeros
-                kv.mamba_cow_src_index, kv.mamba_needs_clear = None, True
-            return 0, dev  # the copy-on-write set at match still points at s_dev
-        self._free_dropped()
-        star.lane = lane
-        star.state.restored_bytes += restored.nbytes
-        kv.mamba_needs_clear = False
-        kv.mamba_cow_src_index = (
-            torch.tensor([self.slot_id(source.device_slot)], dtype=torch.int64, device=self.device)
-            if image_on_device
-            else None  # the image was restored into the request's slot
-        )
-        kv.cache_protected_len = BLOCK_TOKENS * (star.prefix_len // BLOCK_TOKENS)
-        return star.prefix_len - dev.prefix_len, star
-
-    def load_back_is_cache_owned(self) -> bool:
-        # The restored blocks are the cache's, but a source inside a block also gives the request
-        # a private copy of the tail (freed with the request): init_load_back sets
-        # cache_protected_len to the block grid itself instead of SGLang's prefix_len.
-        return False
 
     def _empty_result(self) -> MatchResult:
         return MatchResult(
@@ -436,8 +400,11 @@ class HybridRadixCache(Publisher, BasePrefixCache):
         if lane is not None and not lane.closed:
             self._cancel_inpass(handle)  # a pass that never reached its checkpoint
             if self.host is not None:
-                self.host.write_lane(lane)  # write-through, one batch, at release (§7.6)
-            self.index.release(lane)
+                # Write-through in one operation at release (§7.6); the lane is released when
+                # nothing copies from its path any more.
+                self.host.release_lane(lane)
+            else:
+                self.index.release(lane)
             self._free_dropped()
         handle.lane = None
 
@@ -475,29 +442,6 @@ class HybridRadixCache(Publisher, BasePrefixCache):
         self.pools.copy_kv(dst[:t], src[:t])
         return dst
 
-    # ================================================================ prefetch
-    def prefetch_head(self, req: Any) -> int:
-        """The FIFO head waits (§6.6): copy its source's host-only path blocks to the device.
-
-        It retries only while the last attempt copied blocks or spare room grew, because
-        matching walks the whole prompt path.
-        """
-        if self.disable or self.host is None or req.kv.holds_kv:
-            return 0
-        state = getattr(req, ATTR, None)
-        room = self.token_to_kv_pool_allocator.available_size() + self.index.evictable_tokens
-        last = getattr(state, "prefetch_room", None)
-        if state is not None and last is not None and not state.prefetch_copied and room <= last:
-            return 0
-        tokens = req.origin_input_ids + req.output_ids
-        key = key_for(state, tokens, len(tokens))
-        m = self.index.match(key)
-        copied = self.host.prefetch(m.path, m.best)
-        self._free_dropped()
-        if state is not None:
-            state.prefetch_room, state.prefetch_copied = room, copied
-        return copied
-
     # ================================================================ release
     def on_release(self, req: Any, *, checkpointed: bool) -> None:
         if self.coalescer is not None:
@@ -510,6 +454,9 @@ class HybridRadixCache(Publisher, BasePrefixCache):
         if self.disable or params.num_tokens <= 0:
             return EvictResult()
         freed = self.index.evict_device(params.num_tokens)
+        if freed < params.num_tokens and self.host is not None and self.host.shed():
+            # Write-through waiting for the bound pins its blocks; a decode never waits for it.
+            freed += self.index.evict_device(params.num_tokens - freed)
         self._free_dropped()
         return EvictResult(num_tokens_evicted=freed)
 
@@ -553,6 +500,7 @@ class HybridRadixCache(Publisher, BasePrefixCache):
                 host_restored_bytes=self.host.restored_bytes,
                 host_restored_blocks=self.host.restored_blocks,
                 host_prefetched_blocks=self.host.prefetched_blocks,
+                **self.host.queue_stats(),
             )
         return out
 
@@ -565,3 +513,24 @@ class HybridRadixCache(Publisher, BasePrefixCache):
             len(self.index.snapshots),
             self.index.slots.free,
         )
+
+    # ================================================================ persistence (§5.5)
+    def save_host_tier(self) -> bool:
+        """Write the host tier to ``--hybrid-cache-file`` (``persistence.py``) once every
+        in-flight write-through has landed; False when there is no file, or the save was
+        abandoned or failed (the previous file stays)."""
+        p = getattr(self, "persistence", None)
+        if p is None or self.host is None or self.disable:
+            return False
+        drain = getattr(self.host, "drain", None)
+        if drain is not None:
+            drain()
+        return p.save(self)
+
+    def release_host_resources(self) -> None:
+        """SGLang's graceful scheduler exit (after the event loop ended, never after an error):
+        the orderly stop that saves the host tier."""
+        self.save_host_tier()
+        if self.host is not None:
+            self.host.close()  # drains, then stops the copy worker (CPU)
+        super().release_host_resources()

@@ -85,6 +85,9 @@ def after_select_admission(result: Any, adder: Any, req: Any, *args: Any, **kwar
 def after_commit_admission(result: Any, adder: Any, req: Any, admission: Any, *a: Any) -> None:
     if getattr(req, ATTR, None) is None:
         return None
+    on_admitted = getattr(adder.tree_cache, "on_admitted", None)
+    if on_admitted is not None:  # a restored request's own hold on its lane goes
+        on_admitted(req)
     if admission.is_chunked:
         adder.rem_chunk_tokens = 0
     extra = tail_pages(req, adder.page_size)

@@ -253,13 +253,25 @@ class Coalescer:
 
 
 def around_prefill_pass(orig: Any, scheduler: Any, *args: Any, **kwargs: Any) -> Any:
-    """Hold coalescing requests out of the pass, run it, put them back in their places."""
+    """Hold requests out of the pass, run it, put them back in their places: coalescing
+    requests, and requests whose host-tier restore has not landed (``HostTier.holding``)."""
     from .cache import HybridRadixCache
 
     cache = getattr(scheduler, "tree_cache", None)
-    if not isinstance(cache, HybridRadixCache) or cache.coalescer is None:
+    if not isinstance(cache, HybridRadixCache):
         return orig(scheduler, *args, **kwargs)
-    held = cache.coalescer.select(scheduler)
+    held = cache.host.holding(scheduler.waiting_queue) if cache.host is not None else []
+    if cache.coalescer is not None:
+        if held:  # a restoring request neither coalesces nor is anyone's sibling this pass
+            restoring = {r.rid for r in held}
+            queue = scheduler.waiting_queue
+            scheduler.waiting_queue = [r for r in queue if r.rid not in restoring]
+            try:
+                held = held + cache.coalescer.select(scheduler)
+            finally:
+                scheduler.waiting_queue = queue
+        else:
+            held = cache.coalescer.select(scheduler)
     if not held:
         return orig(scheduler, *args, **kwargs)
     order = list(scheduler.waiting_queue)

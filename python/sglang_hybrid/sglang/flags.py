@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from ..index import CacheConfig, resolve_config
 from ..index.config import FLAG_HOST, FLAG_LADDER, FLAG_MIN_GAP, FLAG_SLOTS, FLAG_TAPS
+from ..store.copy_queue import CopyMode
 
 BACKEND = "hybrid"
 ATTR = "_hybrid_options"
@@ -25,6 +26,9 @@ FLAG_TAIL = "--hybrid-tail-tap"
 FLAG_COALESCE = "--hybrid-coalesce"
 FLAG_CHECK_RANKS = "--hybrid-check-ranks"
 FLAG_TAP_MODE = "--hybrid-tap-mode"
+FLAG_HOST_COPY = "--hybrid-host-copy"
+FLAG_HOST_WRITE = "--hybrid-host-write-mib"
+FLAG_CACHE_FILE = "--hybrid-cache-file"
 TapMode = Literal["split", "zero-split", "auto"]
 
 
@@ -39,7 +43,10 @@ class HybridOptions:
     coalesce: bool = True
     check_ranks: bool = False
     tap_mode: TapMode = "auto"
+    host_copy: CopyMode = "async"
+    host_write_mib: int = 512
     extra: dict[str, Any] = field(default_factory=dict)  # set by other layers (e.g. CPU worker)
+    cache_file: str | None = None  # --hybrid-cache-file: the host tier across restarts (§5.5)
 
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
@@ -127,6 +134,41 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         "across the TP group and stop the server with an error on the first divergence (one "
         "small all-reduce per scheduler iteration; for validating a deployment).",
     )
+    g.add_argument(
+        FLAG_HOST_COPY,
+        choices=("async", "inline"),
+        default="async",
+        help="How host-tier copies run: 'async' issues them on a copy stream (a worker thread on "
+        "the CPU) and the scheduler only polls; a restored request waits out of admission until "
+        "its copies land. 'inline' copies on the scheduler thread (reproducible timing, for "
+        "benchmarks and debugging). Default async.",
+    )
+    g.add_argument(
+        FLAG_HOST_WRITE,
+        type=_non_negative,
+        default=512,
+        metavar="MIB",
+        help="Write-through bytes in flight to the host tier at most (default 512); beyond it "
+        "writes wait unissued, and are dropped under device memory pressure.",
+    )
+
+    g.add_argument(
+        FLAG_CACHE_FILE,
+        default=None,
+        metavar="PATH",
+        help="Keep the host tier across restarts: saved to PATH at an orderly stop (SIGTERM, "
+        "Ctrl+C; a second Ctrl+C abandons the save and keeps the previous file), loaded at "
+        "start when the model, dtypes, page size, TP layout and versions match. Needs a host "
+        "tier (--hybrid-host-cache-mib > 0). Inspect a file with 'sglang-hybrid cache inspect "
+        "PATH'.",
+    )
+
+
+def _non_negative(value: str) -> int:
+    n = int(value)
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"{value}: give 0 or more MiB")
+    return n
 
 
 def options_from_namespace(args: argparse.Namespace) -> HybridOptions:
@@ -140,6 +182,9 @@ def options_from_namespace(args: argparse.Namespace) -> HybridOptions:
         coalesce=args.hybrid_coalesce,
         check_ranks=args.hybrid_check_ranks,
         tap_mode=args.hybrid_tap_mode,
+        host_copy=args.hybrid_host_copy,
+        host_write_mib=args.hybrid_host_write_mib,
+        cache_file=getattr(args, "hybrid_cache_file", None),
     )
 
 

@@ -1,28 +1,39 @@
-"""The host tier under ``--radix-cache hybrid`` (spec §5.4, §6.4-6.6, §7.6, §9.3).
+"""The host tier under ``--radix-cache hybrid`` (spec §5.4, §6.4-6.6, §7.6, §9.3, §11.1).
 
 The index decides (which slabs, which victims, what is dead); ``store/`` moves the bytes; this
-module joins them to SGLang's pools:
+module joins them to SGLang's pools and keeps every copy off the scheduler thread: the thread
+*issues* an operation onto one FIFO copy queue (``store/copy_queue.py``: a CUDA stream, a worker
+thread on the CPU) and *polls* it once per scheduler iteration (``poll``), never waits for it.
 
-- write-through: a lane's device-only blocks go to host in one batch when it releases them, and
-  a snapshot's image (and tail) as soon as it is published; both through GDSF-bounded host
-  eviction in the index;
-- restore: when admission picks a source with host-only parts, those blocks and the tail land in
-  freshly allocated device pages and the image in the lane's own state slot, in forward order
-  (prelude, then layer by layer), marked Filling until the copies retire;
-- prefetch for a blocked FIFO head (§6.6): its host-only path blocks are copied into device pages
-  taken from the free pool and from host-backed cached blocks, never from a last copy;
-- stats: host bytes held by KV vs images, bytes restored.
+- write-through: a lane's device-only blocks go to host in one operation when it releases them,
+  a snapshot's image (and tail) as soon as it is published. The lane stays open (its path
+  pinned, nothing on it evictable) and the snapshot pinned (its slot kept) until their copies
+  have retired. Bytes in flight are bounded (``--hybrid-host-write-mib``): beyond the bound an
+  operation waits in a backlog, still unissued; under device pressure the backlog is shed
+  (``shed``: the blocks stay device-only and evictable), so no decode waits for a write.
+- restore: host-only blocks, tail and image of the source SGLang's admission accepted land in
+  freshly allocated device pages and the request's own state slot; the destinations are Filling
+  and the request is held out of admission passes (``holding``) until the operation retires.
+- prefetch for a blocked FIFO head (§6.6): its host-only path blocks, into spare device pages.
+
+Ranks agree (issue #10): each TP rank polls its own queue, and the number of operations retired
+is the MIN over the TP group (one all-reduce on the group's CPU group, only while operations are
+in flight, which every rank knows alike), as SGLang's HiCache does for its write-backs.
 """
 
 from __future__ import annotations
 
 import logging
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import torch
 
-from ..index import BLOCK_TOKENS, BlockNode, PrefixIndex, Residency, Snapshot
-from ..store.device import DevicePools, handle_to_slots, slots_to_handle
+from ..index import BLOCK_TOKENS, BlockNode, Lane, PrefixIndex, Residency, Snapshot
+from ..store.copy_queue import CopyMode, ThreadQueue, make_queue
+from ..store.device import DevicePools, handle_to_slots, handles_to_slots, slots_to_handle
 from ..store.host_memory import HostMemory
 from ..store.layout import SlabLayout
 from ..store.transfer import BlockCopy, SlabCopier, TransferBatch
@@ -34,19 +45,47 @@ R = Residency
 PREFETCH_BLOCKS = 256
 
 
-class Restored(NamedTuple):
-    nbytes: int
-    tokens: int  # prefix tokens whose KV came back from the host
-
-
-class RestoreFailed(RuntimeError):
-    """A restore copy failed; its destinations were handed back (nothing stays Filling)."""
-
-
 class HostUsage(NamedTuple):
     kv_bytes: int
     image_bytes: int
     free_bytes: int
+
+
+@dataclass(slots=True, eq=False)
+class PendingRestore:
+    """A restore in flight for one waiting request (its lane open, destinations Filling)."""
+
+    rid: str
+    handle: Any  # the request's MatchHandle for the host source (holds the lane)
+    nbytes: int = 0
+    tokens: int = 0  # prefix tokens whose KV comes back from the host
+    image_on_device: bool = False  # the image stayed in the source's slot (COW from there)
+    staging: torch.Tensor | None = None  # the MambaPool slot the image lands in (async)
+    done: bool = False
+    failed: bool = False
+    counted: bool = False  # its bytes and tokens are on the request's record
+
+
+@dataclass(slots=True, eq=False)
+class _Op:
+    run: Callable[[], int]  # enqueues the copies, returns the bytes
+    done: Callable[[int], None]
+    failed: Callable[[BaseException], None]
+    write_bytes: int = 0  # counted against the write-through bound
+    lanes: tuple[Lane, ...] = ()  # kept open until the operation retires
+    kind: str = "write"
+
+
+@dataclass(slots=True)
+class _Counters:
+    written_bytes: int = 0
+    restored_bytes: int = 0
+    restored_blocks: int = 0
+    prefetched_blocks: int = 0
+    ops_issued: int = 0
+    backlogged: int = 0
+    shed: int = 0
+    peak_write_bytes: int = 0
 
 
 class HostTier:
@@ -60,6 +99,10 @@ class HostTier:
         forward_order: list[tuple[str, int]],
         page_size: int,
         skips: Skips,
+        *,
+        copy_mode: CopyMode = "async",
+        write_limit_bytes: int = 512 << 20,
+        group: Any = None,
     ) -> None:
         assert index.host is not None
         self.index = index
@@ -68,17 +111,165 @@ class HostTier:
         self.allocator = allocator
         self.page_size = page_size
         self.memory = HostMemory(index.host)
-        self.copier = SlabCopier(layout, self.memory, pools.kv_buffers, state_tensors)
+        self.queue = make_queue(copy_mode, pools.device)
+        # A copy worker thread (the CPU's asynchronous queue) re-takes the GIL after every torch
+        # call: it gathers blocks through one staging buffer (sgl_kernel_ext's torch reference,
+        # two calls per plane) rather than per block and plane.
+        staging = "always" if isinstance(self.queue, ThreadQueue) else "auto"
+        self.copier = SlabCopier(
+            layout, self.memory, pools.kv_buffers, state_tensors, staging=staging
+        )
         self.order = forward_order
         self.skips = skips
-        self.written_bytes = 0
-        self.restored_bytes = 0
-        self.restored_blocks = 0
-        self.prefetched_blocks = 0
+        self.write_limit = max(0, write_limit_bytes)
+        self.group = group
+        self.world = 1
+        if group is not None:
+            import torch.distributed as dist
+
+            self.world = dist.get_world_size(group)
+        self.ops: deque[_Op] = deque()  # issued, in queue order
+        self.backlog: deque[_Op] = deque()  # write-through beyond the bound, not yet issued
+        self.write_bytes = 0  # write-through bytes issued and not yet retired
+        self.restores: dict[str, PendingRestore] = {}  # rid -> restore of a waiting request
+        self._holds: dict[int, int] = {}  # lane id -> operations keeping it open
+        self._closing: dict[int, Lane] = {}  # lanes released once their operations retire
+        self.c = _Counters()
+
+    # ---------------------------------------------------------------- counters (stats())
+    @property
+    def written_bytes(self) -> int:
+        return self.c.written_bytes
+
+    @property
+    def restored_bytes(self) -> int:
+        return self.c.restored_bytes
+
+    @property
+    def restored_blocks(self) -> int:
+        return self.c.restored_blocks
+
+    @property
+    def prefetched_blocks(self) -> int:
+        return self.c.prefetched_blocks
+
+    # ================================================================ the queue
+    def _submit(self, op: _Op) -> None:
+        for lane in op.lanes:
+            self._holds[lane.id] = self._holds.get(lane.id, 0) + 1
+        if op.write_bytes and (self.backlog or not self._fits(op.write_bytes)):
+            self.backlog.append(op)  # the oldest write waits, never the scheduler
+            self.c.backlogged += 1
+            return
+        self._issue(op)
+
+    def _fits(self, nbytes: int) -> bool:
+        """Within the write-through bound (one operation alone always fits)."""
+        return not self.write_bytes or self.write_bytes + nbytes <= self.write_limit
+
+    def _issue(self, op: _Op) -> None:
+        self.ops.append(op)
+        self.write_bytes += op.write_bytes
+        self.c.peak_write_bytes = max(self.c.peak_write_bytes, self.write_bytes)
+        self.c.ops_issued += 1
+        self.queue.issue(op.run)
+        if self.queue.synchronous:
+            self._retire(len(self.ops))
+
+    def poll(self) -> int:
+        """Retire the operations every rank has finished; issue backlog the bound now allows.
+        Called once per scheduler iteration (before the batch is chosen). Returns retired."""
+        if not self.ops:
+            return 0
+        k = self._agree(self.queue.finished())
+        if k:
+            self._retire(k)
+        return k
+
+    def _agree(self, k: int) -> int:
+        """The MIN of ``k`` over the TP group: what every rank has finished."""
+        if self.world <= 1:
+            return k
+        import torch.distributed as dist
+
+        t = torch.tensor([k], dtype=torch.int64)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.group)
+        return int(t[0])
+
+    def _retire(self, k: int) -> None:
+        results = self.queue.retire(k)
+        for res in results:
+            op = self.ops.popleft()
+            self.write_bytes -= op.write_bytes
+            if isinstance(res, BaseException):
+                op.failed(res)
+            else:
+                op.done(res)
+            self._unhold(op.lanes)
+        while self.backlog and self._fits(self.backlog[0].write_bytes):
+            self._issue(self.backlog.popleft())
+        self._free(self.index.drain_freed_device())
+
+    def wait_for(self, pending: PendingRestore) -> None:
+        """Block until ``pending`` retired: an abort of its request, or SGLang matching it while
+        it should have been held. Every rank blocks at the same point and retires the same
+        operations (up to this one), so ranks stay in step."""
+        while not (pending.done or pending.failed):
+            pos = next(i for i, op in enumerate(self.ops) if op.kind == "restore:" + pending.rid)
+            self.queue.wait(pos + 1)
+            self._retire(pos + 1)
+
+    def drain(self) -> None:
+        """Issue the backlog and wait for every operation (flush, orderly stop, tests)."""
+        while self.ops or self.backlog:
+            if not self.ops:
+                self._issue(self.backlog.popleft())
+                continue
+            self.queue.wait(len(self.ops))
+            self._retire(len(self.ops))
+
+    def shed(self) -> int:
+        """Device pressure: drop the write-through backlog (never issued; the blocks stay
+        device-only and become evictable). Returns operations shed."""
+        n = len(self.backlog)
+        while self.backlog:
+            op = self.backlog.popleft()
+            op.failed(RuntimeError("shed under device pressure"))
+            self._unhold(op.lanes)
+        self.c.shed += n
+        return n
+
+    def close(self) -> None:
+        self.drain()
+        self.queue.close()
+
+    # ================================================================ lanes
+    def release_lane(self, lane: Lane) -> None:
+        """Write the lane's blocks through (§7.6), then release it once nothing copies from it."""
+        self.write_lane(lane)
+        if self._holds.get(lane.id):
+            self._closing[lane.id] = lane
+        else:
+            self.index.release(lane)
+
+    def _unhold(self, lanes: tuple[Lane, ...]) -> None:
+        for lane in lanes:
+            left = self._holds[lane.id] - 1
+            if left:
+                self._holds[lane.id] = left
+                continue
+            del self._holds[lane.id]
+            closing = self._closing.pop(lane.id, None)
+            if closing is not None:
+                self.index.release(closing)
+
+    @property
+    def held_lanes(self) -> int:
+        return len(self._closing)
 
     # ================================================================ write-through
-    def write_lane(self, lane: Any) -> int:
-        """The lane's device-only blocks, in one batch, before they become evictable (§7.6).
+    def write_lane(self, lane: Lane) -> int:
+        """Issue the lane's device-only blocks to host in one operation; returns bytes issued.
 
         A failed copy leaves the blocks device-only (their slabs go back): write-through is an
         optimisation, never a reason to fail the request that released them.
@@ -86,19 +277,27 @@ class HostTier:
         planned = self.index.plan_writes(lane)
         if not planned:
             return 0
-        items = [BlockCopy(handle_to_slots(n.device, "cpu"), slab) for n, slab in planned]  # type: ignore[arg-type]
-        try:
-            moved = self._run(items, to_host=True)
-        except Exception as exc:  # any copy error: keep serving (issue #11)
+        # Handles are immutable bytes and the lane pins the pages: the copy list is built on
+        # the copy worker, not here.
+        handles = [n.device for n, _ in planned]
+        slabs = [slab for _, slab in planned]
+        nbytes = len(planned) * self.layout.block_bytes
+
+        def done(moved: int) -> None:
+            self.index.complete_writes(planned)
+            self.c.written_bytes += moved
+
+        def failed(exc: BaseException) -> None:
             self.index.abort_writes(planned)
             self.skips.note("write_through_failed", f"{len(planned)} blocks: {exc}")
-            return 0
-        self.index.complete_writes(planned)
-        self.written_bytes += moved
-        return moved
 
-    def write_snapshot(self, s: Snapshot, state_slot: int) -> int:
-        """Image (and tail) of a just-published snapshot; skipped when GDSF refuses (§9.3)."""
+        run = lambda: self._run(_block_copies(handles, slabs), to_host=True)  # noqa: E731
+        self._submit(_Op(run, done, failed, nbytes, (lane,)))
+        return nbytes
+
+    def write_snapshot(self, s: Snapshot, state_slot: int, lane: Lane | None = None) -> int:
+        """Issue a just-published snapshot's image (and tail); skipped when GDSF refuses (§9.3).
+        ``s`` stays pinned and ``lane`` (whose path anchors it) open until the copy retires."""
         plan = self.index.plan_image_write(s)
         if plan is None:
             return 0
@@ -106,15 +305,20 @@ class HostTier:
         tail = None
         if tail_slab >= 0:
             tail = BlockCopy(handle_to_slots(s.tail_device, "cpu")[: s.tail_len], tail_slab)  # type: ignore[arg-type]
-        try:
-            moved = self._run([], to_host=True, image=(state_slot, slabs), tail=tail)
-        except Exception as exc:
+        nbytes = self.layout.image_bytes + (self.layout.block_bytes if tail is not None else 0)
+
+        def done(moved: int) -> None:
+            self.index.complete_image_write(s)
+            self.c.written_bytes += moved
+
+        def failed(exc: BaseException) -> None:
             self.index.abort_image_write(s)
             self.skips.note("write_through_failed", f"snapshot {s.id}: {exc}")
-            return 0
-        self.index.complete_image_write(s)
-        self.written_bytes += moved
-        return moved
+
+        run = lambda: self._run([], to_host=True, image=(state_slot, slabs), tail=tail)  # noqa: E731
+        lanes = (lane,) if lane is not None and not lane.closed else ()
+        self._submit(_Op(run, done, failed, nbytes, lanes))
+        return nbytes
 
     def _run(
         self,
@@ -124,28 +328,36 @@ class HostTier:
         image: tuple[int, Any] | None = None,
         tail: BlockCopy | None = None,
     ) -> int:
-        """One batch in forward order, waited for (the copies are synchronous; issue #13)."""
+        """One operation's copies in forward order, on the queue's stream or thread."""
         batch = TransferBatch(self.copier, self.order)
         batch.add_blocks(blocks)
         if tail is not None:
             batch.add_tail(tail)
         if image is not None:
             batch.add_image(*image)
-        moved = batch.run(to_host=to_host)
-        batch.synchronize()
-        return moved
+        return batch.run(to_host=to_host)
 
     # ================================================================ restore
     def restore(
-        self, path: list[BlockNode], source: Snapshot, state_slot: int | None
-    ) -> Restored | None:
-        """Host-only path blocks, tail and image of ``source`` back on the device (§6.4-6.5).
+        self,
+        rid: str,
+        handle: Any,
+        lane: Lane,
+        source: Snapshot,
+        state_slot: int | None,
+        staging: torch.Tensor | None = None,
+    ) -> PendingRestore | None:
+        """Issue the restore of ``source``'s host-only path blocks, tail and image (§6.4-6.5).
 
-        ``path`` is pinned by the caller's lane. Destinations are fresh device pages (blocks and
-        tail) and the lane's own state slot (the image). None: no room for the pages even after
-        evicting (nothing was touched). :class:`RestoreFailed`: a copy failed; every destination
-        was handed back and the caller resumes from a device source or recomputes.
+        ``lane`` (the handle's, opened by the caller) pins the path. Destinations are fresh
+        device pages (blocks and tail) and ``state_slot`` (the image: the request's own slot inline,
+        the ``staging`` slot the caller allocated when asynchronous). None: no
+        room for the pages even after evicting (nothing was touched). Otherwise the restore is
+        tracked in ``restores`` until it retires: ``done``, or ``failed`` (every destination
+        handed back; the request resumes from a device source or recomputes). With the inline
+        queue it has retired when this returns.
         """
+        path = lane.path
         missing = [n for n in path if n.device_state is R.ABSENT]
         tail_missing = bool(source.tail) and source.tail_device_state is R.ABSENT
         tail_tokens = -(-source.tail_len // self.page_size) * self.page_size
@@ -156,11 +368,7 @@ class HostTier:
             return None
         # Slot ids are copy metadata and index handles: one device->host read for the batch.
         host_dst = dst.cpu() if dst is not None else None
-        items = []
-        for i, node in enumerate(missing):
-            slots = host_dst[i * BLOCK_TOKENS : (i + 1) * BLOCK_TOKENS]  # type: ignore[index]
-            self.index.begin_node_fill(node, slots_to_handle(slots))
-            items.append(BlockCopy(slots, node.host_slab))
+        items = self._begin_fills(missing, host_dst)
         tail = None
         if tail_missing:
             slots = host_dst[BLOCK_TOKENS * len(missing) :]  # type: ignore[index]
@@ -170,24 +378,55 @@ class HostTier:
         if not source.image_on_device:
             assert state_slot is not None, "a host-only image needs the lane's state slot"
             image = (state_slot, source.host_slabs)
-        try:
-            moved = self._run(items, to_host=False, image=image, tail=tail)
-        except Exception as exc:  # the request recomputes instead (issue #11)
+        tokens = BLOCK_TOKENS * len(missing) + (source.tail_len if tail_missing else 0)
+        pending = PendingRestore(
+            rid, handle, tokens=tokens, image_on_device=image is None, staging=staging
+        )
+
+        def done(moved: int) -> None:
+            for node in missing:
+                self.index.finish_node_fill(node)
+            if tail_missing:
+                self.index.finish_tail_fill(source)
+            self.c.restored_bytes += moved
+            self.c.restored_blocks += len(missing)
+            pending.nbytes, pending.done = moved, True
+
+        def failed(exc: BaseException) -> None:  # the request recomputes instead (issue #11)
             for node in missing:
                 self.index.abort_node_fill(node)
             if tail_missing:
                 self.index.abort_tail_fill(source)
-            self._free(self.index.drain_freed_device())
+            # The lane maps blocks that have no device copy now: it goes at once, not when the
+            # request is next matched (the handle's close then finds it closed).
+            self.index.release(lane)
             self.skips.note("restore_abandoned", f"copy failed: {exc}")
-            raise RestoreFailed(str(exc)) from exc
-        for node in missing:
-            self.index.finish_node_fill(node)
-        if tail_missing:
-            self.index.finish_tail_fill(source)
-        self.restored_bytes += moved
-        self.restored_blocks += len(missing)
-        tokens = BLOCK_TOKENS * len(missing) + (source.tail_len if tail_missing else 0)
-        return Restored(moved, tokens)
+            pending.failed = True
+
+        run = lambda: self._run(items, to_host=False, image=image, tail=tail)  # noqa: E731
+        self.restores[rid] = pending
+        self._submit(_Op(run, done, failed, kind="restore:" + rid))
+        return pending
+
+    def _begin_fills(self, nodes: list[BlockNode], slots: torch.Tensor | None) -> list[BlockCopy]:
+        """Mark ``nodes`` Filling into consecutive 64-slot rows of ``slots``; their copies."""
+        if not nodes:
+            return []
+        assert slots is not None
+        rows = slots[: BLOCK_TOKENS * len(nodes)].view(len(nodes), BLOCK_TOKENS)
+        packed = rows.to(torch.int32).numpy()  # one conversion; a handle is a row's bytes
+        items = []
+        for i, node in enumerate(nodes):
+            self.index.begin_node_fill(node, packed[i].tobytes())
+            items.append(BlockCopy(rows[i], node.host_slab))
+        return items
+
+    def holding(self, queue: list[Any]) -> list[Any]:
+        """Waiting requests whose restore has not retired: held out of the admission pass."""
+        if not self.restores:
+            return []
+        waiting = {rid for rid, p in self.restores.items() if not (p.done or p.failed)}
+        return [r for r in queue if r.rid in waiting] if waiting else []
 
     def _alloc(self, tokens: int, *, backed_only: bool = False) -> torch.Tensor | None:
         """``tokens`` device slots, evicting cached blocks for them (never a pinned path)."""
@@ -204,10 +443,10 @@ class HostTier:
 
     # ================================================================ prefetch (§6.6)
     def prefetch(self, path: list[BlockNode], source: Snapshot | None) -> int:
-        """Copy up to 256 host-only blocks of a blocked head's path into spare device pages.
+        """Issue copies of up to 256 host-only blocks of a blocked head's path into spare pages.
 
         Pages come from the free pool and from host-backed cached blocks (never a last copy);
-        the blocks then sit in the device LRU like any cached block. Returns blocks copied.
+        the blocks join the device LRU when the copy retires. Returns blocks issued.
         """
         if source is None:
             return 0
@@ -217,34 +456,31 @@ class HostTier:
             return 0
         held = path[:k]
         self.index.pin_for_prefetch(held)  # the head's path stays put meanwhile
-        try:
-            room = self.allocator.available_size() + self._backed_evictable()
-            count = min(len(missing), room // BLOCK_TOKENS)
-            if count <= 0:
-                return 0
-            dst = self._alloc(count * BLOCK_TOKENS, backed_only=True)
-            if dst is None:
-                return 0
-            host_dst = dst.cpu()
-            items = []
-            for i, node in enumerate(missing[:count]):
-                slots = host_dst[i * BLOCK_TOKENS : (i + 1) * BLOCK_TOKENS]
-                self.index.begin_node_fill(node, slots_to_handle(slots))
-                items.append(BlockCopy(slots, node.host_slab))
-            try:
-                self.restored_bytes += self._run(items, to_host=False)
-            except Exception as exc:
-                for node in missing[:count]:
-                    self.index.abort_node_fill(node)
-                self._free(self.index.drain_freed_device())
-                self.skips.note("restore_abandoned", f"prefetch copy failed: {exc}")
-                return 0
-            for node in missing[:count]:
-                self.index.finish_node_fill(node)
-            self.prefetched_blocks += count
-            return count
-        finally:
+        room = self.allocator.available_size() + self._backed_evictable()
+        count = min(len(missing), room // BLOCK_TOKENS)
+        dst = self._alloc(count * BLOCK_TOKENS, backed_only=True) if count > 0 else None
+        if dst is None:
             self.index.unpin_for_prefetch(held)
+            return 0
+        chosen = missing[:count]
+        items = self._begin_fills(chosen, dst.cpu())
+
+        def done(moved: int) -> None:
+            for node in chosen:
+                self.index.finish_node_fill(node)
+            self.index.unpin_for_prefetch(held)
+            self.c.restored_bytes += moved
+            self.c.prefetched_blocks += count
+
+        def failed(exc: BaseException) -> None:
+            for node in chosen:
+                self.index.abort_node_fill(node)
+            self.index.unpin_for_prefetch(held)
+            self.skips.note("restore_abandoned", f"prefetch copy failed: {exc}")
+
+        run = lambda: self._run(items, to_host=False)  # noqa: E731
+        self._submit(_Op(run, done, failed, kind="prefetch"))
+        return count
 
     def _backed_evictable(self) -> int:
         return sum(self.index.lru.backed.values())
@@ -259,3 +495,18 @@ class HostTier:
             for s in self.index.snapshots.values()
         )
         return HostUsage((host.used - image) * sb, image * sb, host.free * sb)
+
+    def queue_stats(self) -> dict[str, int]:
+        return {
+            "host_ops_issued": self.c.ops_issued,
+            "host_ops_in_flight": len(self.ops),
+            "host_write_backlogged": self.c.backlogged,
+            "host_write_shed": self.c.shed,
+            "host_write_peak_bytes": self.c.peak_write_bytes,
+        }
+
+
+def _block_copies(handles: list[Any], slabs: list[int]) -> list[BlockCopy]:
+    """Block copies from device handles (64 packed slots each), converted in one go."""
+    rows = handles_to_slots(handles, "cpu").view(len(slabs), BLOCK_TOKENS)
+    return [BlockCopy(rows[i], slab) for i, slab in enumerate(slabs)]

@@ -57,6 +57,11 @@ def register() -> None:
         around,
     )
     HookRegistry.register(
+        "sglang.srt.managers.scheduler.Scheduler.get_next_batch_to_run",
+        _before_next_batch,
+        HookType.BEFORE,
+    )
+    HookRegistry.register(
         "sglang.srt.managers.scheduler.Scheduler.get_next_batch_to_run", _after_next_batch, after
     )
     HookRegistry.register(
@@ -105,6 +110,30 @@ def register() -> None:
         prompts.before_validate_one,
         HookType.BEFORE,
     )
+    # --hybrid-cache-file (``persistence.py``, spec §5.5): each scheduler installs its stop
+    # handlers as its loop starts; the launcher waits for their saves once the server stopped.
+    from . import persistence
+
+    HookRegistry.register(
+        "sglang.srt.managers.scheduler.Scheduler.run_event_loop",
+        persistence.before_event_loop,
+        HookType.BEFORE,
+    )
+    if _http_server_importable():
+        HookRegistry.register(
+            "sglang.srt.entrypoints.http_server.launch_server",
+            persistence.around_launch_server,
+            around,
+        )
+
+
+def _http_server_importable() -> bool:
+    """SGLang's HTTP server module imports only where FastAPI's form parsing is installed (every
+    server install; not the GPU check's trimmed package set). Where it is missing no server can
+    launch in this process, and hooking it would make every process fail to apply hooks."""
+    import importlib.util
+
+    return any(importlib.util.find_spec(m) is not None for m in ("python_multipart", "multipart"))
 
 
 # ---------------------------------------------------------------- CLI
@@ -254,6 +283,16 @@ def _after_flush(flushed: Any, scheduler: Any, *args: Any, **kwargs: Any) -> Non
         cache.after_flush()
 
 
+def _before_next_batch(scheduler: Any, *args: Any, **kwargs: Any) -> None:
+    """Once per scheduler iteration, on every rank: retire the host copies all ranks finished
+    (``HostTier.poll``) before the batch is chosen."""
+    from .cache import HybridRadixCache
+
+    cache = getattr(scheduler, "tree_cache", None)
+    if isinstance(cache, HybridRadixCache):
+        cache.poll()
+
+
 def _after_next_batch(plan: Any, scheduler: Any, *args: Any, **kwargs: Any) -> None:
     """The TP rank check (``ranks.py``): record what this pass decided, compare if asked."""
     cache = getattr(scheduler, "tree_cache", None)
@@ -263,9 +302,8 @@ def _after_next_batch(plan: Any, scheduler: Any, *args: Any, **kwargs: Any) -> N
 
 
 def _cached_tokens_details(result: Any, streamer: Any, req: Any, *args: Any) -> Any:
-    """Add the bytes the host tier restored to SGLang's ``cached_tokens_details``. SGLang splits
-    device and host tokens itself from the load-back (``host_loaded_length``): the host part is
-    what the host source added beyond the device source."""
+    """Add the bytes the host tier restored to SGLang's ``cached_tokens_details``, and the tokens
+    it restored as the host part of the hit."""
     from .request import ATTR
 
     state = getattr(req, ATTR, None)
@@ -273,6 +311,12 @@ def _cached_tokens_details(result: Any, streamer: Any, req: Any, *args: Any) -> 
         return None
     details = dict(result or {"device": req.cached_tokens, "host": 0})
     details["hybrid_restored_bytes"] = state.restored_bytes
+    # An asynchronous restore lands before admission, so SGLang sees a device hit
+    # (``host_loaded_length`` 0): the tokens the restore brought back are the host's.
+    host = min(state.restored_tokens, req.cached_tokens)
+    if host > int(details.get("host", 0) or 0):
+        details["device"] = req.cached_tokens - host
+        details["host"] = host
     return details
 
 
@@ -367,4 +411,7 @@ def build_cache(ctx: Any) -> Any:
         cache.block_bytes,
         cache.image_bytes,
     )
+    from .persistence import setup as load_host_tier
+
+    load_host_tier(cache, ctx, opts)  # --hybrid-cache-file: before any request (§5.5)
     return cache

@@ -255,7 +255,7 @@ class Publisher:
         if s is None and tail is not None:  # a duplicate: the tail copy stays ours to free
             self.token_to_kv_pool_allocator.free(tail)
         if s is not None and self.host is not None:
-            self.host.write_snapshot(s, self.slot_id(slot))
+            self.host.write_snapshot(s, self.slot_id(slot), lane)
         return s
 
     def _copy_request_tail(self, row: torch.Tensor, frontier: int) -> torch.Tensor | None:
@@ -319,7 +319,7 @@ class Publisher:
                     if tail is not None:
                         protected = tail_end  # the tail's pages are the cache's now
                     if self.host is not None:
-                        self.host.write_snapshot(s, self._slot_ids[slot])
+                        self.host.write_snapshot(s, self._slot_ids[slot], lane)
         if not took_slot:
             self._free_state_slot(req)
         return protected

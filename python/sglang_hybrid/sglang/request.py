@@ -72,6 +72,9 @@ class ReqState:
     sources_unpinned: bool = False
     tail_copied: int = 0  # tokens of the source's tail copied into the request's own pages
     restored_bytes: int = 0
+    restored_tokens: int = 0  # prefix tokens whose KV came back from the host tier
+    restore: Any = None  # the host tier's PendingRestore while one is in flight or unadmitted
+    no_host: bool = False  # a restore of this request failed: resume from the device only
     prefetch_room: int | None = None  # spare device room at the last prefetch attempt
     prefetch_copied: int = 0
 

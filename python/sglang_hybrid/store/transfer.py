@@ -114,7 +114,8 @@ class SlabCopier:
         if self.memcpy2d is not None and not self.memcpy2d.available:
             self.memcpy2d = None  # torch's copy_ stays correct, only slower for runs
         self.kx = _kernel_ext(staging, bool(kv_buffers) and kv_buffers[0].is_cuda)
-        self._staging: torch.Tensor | None = None  # reused: every batch is waited for
+        # Reused: batches run one after another on one stream or thread (``copy_queue.py``).
+        self._staging: torch.Tensor | None = None
 
     # ---------------------------------------------------------------- staged blocks
     def staged(self, items: Sequence[BlockCopy]) -> bool:
@@ -252,7 +253,6 @@ class TransferBatch:
         self.images: list[tuple[int, Sequence[int]]] = []
         self.bytes = 0
         self._events: dict[int, object] = {}
-        self._stream = None
 
     def add_blocks(self, items: Sequence[BlockCopy]) -> None:
         self.blocks.extend(items)
@@ -264,36 +264,33 @@ class TransferBatch:
         self.images.append((slot, slabs))
 
     def run(self, to_host: bool) -> int:
-        """Issue every copy: the prelude (tails), then each layer in forward order."""
+        """Issue every copy on the current stream (the host tier's copy stream,
+        ``copy_queue.py``): the prelude (tails), then each layer in forward order, recording an
+        event per layer on CUDA."""
         c = self.copier
-        use_cuda = bool(c.memory.pinned and torch.cuda.is_available())
-        if use_cuda:
-            self._stream = torch.cuda.Stream()
-            self._stream.wait_stream(torch.cuda.current_stream())  # destinations may be in use
-        ctx = torch.cuda.stream(self._stream) if use_cuda else _Null()
-        with ctx:
-            for t in self.tails:
-                self.bytes += c.blocks([t], to_host)
-            staged = c.staged(self.blocks)
-            staging = None
-            if staged and to_host:
-                self.bytes += c.stage_out(self.blocks)
-            elif staged:
-                staging = c.stage_in(self.blocks)
-            runs = c.runs(self.blocks) if not staged else []
-            for pos, (kind, idx) in enumerate(self.order):
-                if kind == "kv":
-                    if staging is not None:
-                        self.bytes += c.scatter(self.blocks, staging, idx)
-                    elif not staged:
-                        self.bytes += c.blocks(self.blocks, to_host, layer=idx, runs=runs)
-                else:
-                    for slot, slabs in self.images:
-                        self.bytes += c.image(slot, slabs, to_host, layer=idx)
-                if use_cuda:
-                    ev = torch.cuda.Event()
-                    ev.record(self._stream)
-                    self._events[pos] = ev
+        use_cuda = bool(c.kv_buffers and c.kv_buffers[0].is_cuda)
+        for t in self.tails:
+            self.bytes += c.blocks([t], to_host)
+        staged = c.staged(self.blocks)
+        staging = None
+        if staged and to_host:
+            self.bytes += c.stage_out(self.blocks)
+        elif staged:
+            staging = c.stage_in(self.blocks)
+        runs = c.runs(self.blocks) if not staged else []
+        for pos, (kind, idx) in enumerate(self.order):
+            if kind == "kv":
+                if staging is not None:
+                    self.bytes += c.scatter(self.blocks, staging, idx)
+                elif not staged:
+                    self.bytes += c.blocks(self.blocks, to_host, layer=idx, runs=runs)
+            else:
+                for slot, slabs in self.images:
+                    self.bytes += c.image(slot, slabs, to_host, layer=idx)
+            if use_cuda:
+                ev = torch.cuda.Event()
+                ev.record()
+                self._events[pos] = ev
         return self.bytes
 
     def wait_layer(self, pos: int) -> None:
@@ -301,19 +298,3 @@ class TransferBatch:
         ev = self._events.get(pos)
         if ev is not None:
             torch.cuda.current_stream().wait_event(ev)  # type: ignore[attr-defined]
-
-    def wait_all(self) -> None:
-        if self._stream is not None:
-            torch.cuda.current_stream().wait_stream(self._stream)
-
-    def synchronize(self) -> None:
-        if self._stream is not None:
-            self._stream.synchronize()
-
-
-class _Null:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None

@@ -1,0 +1,250 @@
+"""Host-tier restores through SGLang's load-back protocol, asynchronously (spec §6.4-6.6).
+
+A mixin of :class:`~.cache.HybridRadixCache`. SGLang's ``PrefillAdder`` budgets a request whose
+best source is on the host and calls ``init_load_back`` once it accepts it. The copies are issued
+there (``HostTier.restore``) and the request is held out of admission passes until they retire;
+its next match (``_restored_match``) answers the restored source as device-resident with the lane
+the restore opened, and the image is copied on write from a staging MambaPool slot. The
+restore's own lock on that lane goes once SGLang's admission locked it (``on_admitted``). With
+inline copies the restore has retired when ``init_load_back`` returns and the request is
+admitted in the same pass. ``poll`` runs once per scheduler iteration (``plugin.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+from sglang.srt.mem_cache.base_prefix_cache import InitLoadBackParams, MatchResult
+
+from ..index import BLOCK_TOKENS, PromptKey
+from .host_tier import PendingRestore
+from .request import ATTR, MatchHandle, ReqState, key_for
+
+if TYPE_CHECKING:
+    from ..index import Match, PrefixIndex, Snapshot
+    from .host_tier import HostTier
+
+
+class LoadBack:
+    # State owned by HybridRadixCache (declared for readers and type checkers).
+    index: PrefixIndex
+    host: HostTier | None
+    disable: bool
+    device: torch.device
+    mamba_allocator: Any
+    token_to_kv_pool_allocator: Any
+    _free_next_poll: list[torch.Tensor]
+    slot_id: Callable[[int], int]
+    _close: Callable[[MatchHandle], None]
+    _free_dropped: Callable[[], None]
+    _plan: Callable[[Any, ReqState, PromptKey, Match, Snapshot | None], None]
+
+    def copies_in_flight(self) -> bool:
+        """Host copies not yet retired (or a staging slot not yet freed): the scheduler's loop
+        keeps polling; nothing here is idle yet."""
+        host = self.host
+        return bool(self._free_next_poll) or (
+            host is not None and bool(host.ops or host.backlog or host.restores)
+        )
+
+    # ================================================================ load-back
+    def init_load_back(self, params: InitLoadBackParams) -> tuple[int, Any] | None:
+        """Restore the host source SGLang's admission accepted (§6.4-6.5): open its lane (path
+        and source pinned) and issue the copies of host-only blocks, tail and image.
+
+        Asynchronous copies (the default): the request is not admitted now. It returns None
+        (SGLang's adder ends this pass there, as for any deferred load-back) and the request is
+        held out of admission passes until its copies retire (``HostTier.holding``); then its
+        next match answers the whole prefix as device-resident (``_restored_match``) and it is
+        admitted like any device hit. The restore's own hold on the lane (one lock) is dropped
+        once SGLang's admission locked it (``on_admitted``). Inline copies (the replay harness)
+        retire at once and the request is admitted in this pass, as SGLang's load-back expects.
+
+        Returns None also when the device has no room for the pages even after evicting (retry
+        later); ``(0, device handle)`` (resume from the device source) when a copy failed.
+        """
+        req = params.req
+        star: MatchHandle = params.best_match_node
+        dev: MatchHandle = req.last_node
+        source = star.source
+        if self.disable or self.host is None or source is None or star is dev:
+            return 0, dev
+        kv = req.kv
+        image_slot: int | None = None
+        staging: torch.Tensor | None = None
+        if source.image_on_device:
+            pass  # copy-on-write from the source's slot (pinned by the lane)
+        elif self.host.queue.synchronous:  # the image lands in the request's own slot now
+            if not kv.holds_mamba:
+                got = self.mamba_allocator.alloc(1)
+                if got is None:
+                    return None
+                kv.mamba_pool_idx = got[0]
+            image_slot = star.slot_of(req)
+        else:
+            # The request is not admitted in this pass, and SGLang frees the state slot of a
+            # request it did not admit: the image lands in a slot of the cache's own, which the
+            # request copies on write from once admitted (freed at the next poll after that).
+            staging = self.mamba_allocator.alloc(1)
+            if staging is None:
+                return None
+            image_slot = int(staging[0])  # one device->host read per restore (copy metadata)
+        assert star.match is not None and star.state is not None
+        state = star.state
+        lane = self.index.open_lane(star.match, source, enabled=state.enabled)
+        star.lane, star.locks = lane, 1  # the restore's own hold (see on_admitted)
+        pending = self.host.restore(req.rid, star, lane, source, image_slot, staging)
+        if pending is None:  # no room: nothing was touched
+            self._close(star)
+            if staging is not None:
+                self.mamba_allocator.free(staging)
+            return None
+        state.restore = pending
+        if not (pending.done or pending.failed):
+            return None  # held until the copies retire (HostTier.holding)
+        ready = self._take_restore(req, state)
+        if ready is None:  # the copy failed
+            if dev.source is None:  # the slot may hold part of the image: start from zeros
+                kv.mamba_cow_src_index, kv.mamba_needs_clear = None, True
+            return 0, dev  # the copy-on-write set at match still points at s_dev
+        self._set_restored_cow(kv, pending)
+        kv.cache_protected_len = BLOCK_TOKENS * (star.prefix_len // BLOCK_TOKENS)
+        return star.prefix_len - dev.prefix_len, star  # the hold goes at on_admitted
+
+    def _take_restore(self, req: Any, state: ReqState) -> PendingRestore | None:
+        """A retired restore of ``req``: the pending record when it succeeded; None (its hold
+        dropped, its lane closed, later matches ignore host sources) when it failed."""
+        pending = state.restore
+        assert pending is not None and (pending.done or pending.failed)
+        if pending.done:
+            if not pending.counted:  # once, however many matches see it ready
+                state.restored_bytes += pending.nbytes
+                state.restored_tokens += pending.tokens
+                pending.counted = True
+            return pending
+        state.restore, state.no_host = None, True
+        self._end_restore(req.rid, pending)
+        return None
+
+    def _end_restore(self, rid: str, pending: PendingRestore) -> None:
+        """The restore's hold on its lane goes; its staging slot is freed at the next poll
+        (a copy-on-write from it may still be queued in this pass)."""
+        assert self.host is not None
+        self.host.restores.pop(rid, None)
+        if pending.staging is not None:
+            self._free_next_poll.append(pending.staging)
+            pending.staging = None
+        self._close(pending.handle)
+
+    def poll(self) -> None:
+        """Once per scheduler iteration (``plugin._before_next_batch``)."""
+        if self._free_next_poll:
+            self.mamba_allocator.free(torch.cat(self._free_next_poll))
+            self._free_next_poll = []
+        if self.host is not None:
+            self.host.poll()
+
+    def _set_restored_cow(self, kv: Any, pending: PendingRestore) -> None:
+        source = pending.handle.source
+        kv.mamba_needs_clear = False
+        if pending.image_on_device:
+            kv.mamba_cow_src_index = torch.tensor(
+                [self.slot_id(source.device_slot)], dtype=torch.int64, device=self.device
+            )
+        elif pending.staging is not None:
+            kv.mamba_cow_src_index = pending.staging.reshape(1).to(torch.int64)
+        else:
+            kv.mamba_cow_src_index = None  # the image was restored into the request's slot
+
+    def _restored_match(
+        self, req: Any, state: ReqState, pkey: PromptKey, *, cow: bool
+    ) -> MatchResult | None:
+        """The match of a request whose restore retired: the restored source, now on the device,
+        with the lane the restore opened. None: the restore failed (match afresh)."""
+        pending = state.restore
+        assert pending is not None and self.host is not None
+        if not (pending.done or pending.failed):
+            # Held requests are not matched; if SGLang matches one anyway, wait for it here
+            # rather than admit a request whose state slot a copy is still writing.
+            self.host.wait_for(pending)
+        if self._take_restore(req, state) is None:
+            return None
+        star: MatchHandle = pending.handle
+        assert star.match is not None
+        f = star.prefix_len
+        if cow:
+            if not req.kv.holds_mamba:
+                got = self.mamba_allocator.alloc(1)
+                if got is None:  # no slot to resume into: give the restore up, match afresh
+                    state.restore = None
+                    self._end_restore(req.rid, pending)
+                    return None
+                req.kv.mamba_pool_idx = got[0]
+            self._set_restored_cow(req.kv, pending)
+            state.best_frontier = max(state.best_frontier, f)
+            self._plan(req, state, pkey, star.match, star.source)
+        kv_len = star.match.kv_tokens
+        return MatchResult(
+            device_prefix_len=f,
+            last_device_node=star,
+            last_host_node=star,
+            best_match_node=star,
+            host_hit_length=0,
+            cache_protected_len=BLOCK_TOKENS * (f // BLOCK_TOKENS),
+            full_kv_hit_length=kv_len,
+            full_device_match_len=kv_len,
+        )
+
+    def on_admitted(self, req: Any) -> None:
+        """SGLang's admission locked the request's handle: a restore's own hold goes."""
+        state = getattr(req, ATTR, None)
+        if state is None or state.restore is None:
+            return
+        pending, state.restore = state.restore, None
+        self._end_restore(req.rid, pending)  # drops one lock; the admission's keeps the lane
+
+    def release_aborted_request(self, handle: Any) -> None:
+        """SGLang aborts a waiting request (before it frees the request's state slot): a restore
+        of it is waited for (every rank at the same point), then its lane is closed."""
+        host = self.host
+        pending = host.restores.pop(handle.rid, None) if host is not None else None
+        if pending is None or host is None:
+            return
+        host.wait_for(pending)
+        state = pending.handle.state
+        if state is not None and state.restore is pending:
+            state.restore = None
+        self._end_restore(handle.rid, pending)
+
+    def load_back_is_cache_owned(self) -> bool:
+        # The restored blocks are the cache's, but a source inside a block also gives the request
+        # a private copy of the tail (freed with the request): init_load_back sets
+        # cache_protected_len to the block grid itself instead of SGLang's prefix_len.
+        return False
+
+    # ================================================================ prefetch
+    def prefetch_head(self, req: Any) -> int:
+        """The FIFO head waits (§6.6): copy its source's host-only path blocks to the device.
+
+        It retries only while the last attempt copied blocks or spare room grew, because
+        matching walks the whole prompt path.
+        """
+        if self.disable or self.host is None or req.kv.holds_kv:
+            return 0
+        state = getattr(req, ATTR, None)
+        if state is not None and state.restore is not None:
+            return 0  # its own restore is in flight
+        room = self.token_to_kv_pool_allocator.available_size() + self.index.evictable_tokens
+        last = getattr(state, "prefetch_room", None)
+        if state is not None and last is not None and not state.prefetch_copied and room <= last:
+            return 0
+        tokens = req.origin_input_ids + req.output_ids
+        key = key_for(state, tokens, len(tokens))
+        m = self.index.match(key)
+        copied = self.host.prefetch(m.path, m.best)
+        self._free_dropped()
+        if state is not None:
+            state.prefetch_room, state.prefetch_copied = room, copied
+        return copied

@@ -1,0 +1,159 @@
+"""Export of the host tier as records and adoption into a fresh index (spec §5.5)."""
+
+from __future__ import annotations
+
+import random
+
+from helpers import Device, key, make_index, run
+
+from sglang_hybrid.index import PrefixIndex, Residency
+from sglang_hybrid.index.persist import HostExport
+
+R = Residency
+
+
+def ids(seed: int, n: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(1, 5000) for _ in range(n)]
+
+
+def populated(host_slabs: int = 400) -> PrefixIndex:
+    index = make_index(host_slabs=host_slabs, slots=3)
+    dev = Device()
+    shared = ids(0, 256)
+    # Two conversations over one preamble, each with a second turn; a retry; a short prompt
+    # whose endpoint anchors at the root (tail only).
+    a1 = shared + ids(1, 150)
+    run(index, dev, a1, taps=[256])
+    run(index, dev, a1 + ids(2, 100), taps=[320])
+    b1 = shared + ids(3, 90)
+    run(index, dev, b1, taps=[256])
+    run(index, dev, ids(4, 40))
+    run(index, dev, b1)
+    return index
+
+
+def saved_keys(index: PrefixIndex) -> set[tuple[bytes, int]]:
+    """(path tokens + tail, hits) of every retained host-backed snapshot."""
+    out = set()
+    for s in index.snapshots.values():
+        if s.superseded or s.host_state is not R.RESIDENT:
+            continue
+        path = b"".join(n.tokens for n in index.tree.path(s.anchor)) if s.anchor.depth >= 0 else b""
+        out.add((path + s.tail, s.hits))
+    return out
+
+
+def fresh_like(index: PrefixIndex, host_slabs: int | None = None) -> PrefixIndex:
+    assert index.host is not None
+    return make_index(host_slabs=host_slabs or index.host.n_slabs, slots=3)
+
+
+def test_round_trip_restores_every_saved_snapshot_host_only() -> None:
+    index = populated()
+    rec = index.export_host()
+    assert rec.snapshots and rec.nodes
+    # parents first, exactly the paths of the exported snapshots, no superseded snapshot
+    assert all(r.parent < i for i, r in enumerate(rec.nodes))
+    new = fresh_like(index)
+    plan = new.plan_adopt(rec)
+    assert len(plan.snapshots) == len(rec.snapshots)
+    got = new.adopt_host(rec, plan)
+    new.check_integrity()
+    assert got.snapshots == len(rec.snapshots) and got.nodes == len(rec.nodes)
+    assert new.tree.n_nodes == len(rec.nodes) and not new.dead  # no dead KV adopted
+    assert saved_keys(new) == saved_keys(index)
+    for s in new.snapshots.values():
+        assert s.host_state is R.RESIDENT and s.device_state is R.ABSENT and s.device_slot < 0
+        assert not s.superseded and (not s.tail or s.tail_host_state is R.RESIDENT)
+    for n in new.tree.subtree_postorder(new.tree.root):
+        if not n.is_root:
+            assert n.host_state is R.RESIDENT and n.device_state is R.ABSENT
+    # every copy lands in a distinct slab; record slabs are the old pool's
+    assert len({dst for _, dst in got.copies}) == len(got.copies) == new.host.used  # type: ignore[union-attr]
+
+
+def test_a_known_prompt_matches_the_adopted_snapshot() -> None:
+    index = populated()
+    new = fresh_like(index)
+    new.adopt_host(index.export_host(), new.plan_adopt(index.export_host()))
+    prompt = ids(0, 256) + ids(1, 150) + ids(2, 100) + ids(9, 30)
+    old_m, new_m = index.match(key(prompt)), new.match(key(prompt))
+    assert new_m.best is not None and old_m.best is not None
+    assert new_m.best.frontier == old_m.best.frontier > 256
+    assert new_m.best_device is None  # nothing is on the device after a restart
+    # a request resuming from it restores and runs like any host source
+    dev = Device()
+    run(new, dev, prompt)
+    new.check_integrity()
+
+
+def test_superseded_snapshots_and_dead_kv_are_not_exported() -> None:
+    index = populated()
+    superseded = [s for s in index.snapshots.values() if s.superseded]
+    assert superseded, "the scenario must supersede something"
+    rec = index.export_host()
+    retained = [s for s in index.snapshots.values() if not s.superseded]
+    assert len(rec.snapshots) == len(retained) < len(index.snapshots)
+    assert {(r.frontier, r.tail) for r in rec.snapshots} == {(s.frontier, s.tail) for s in retained}
+    needed = set()
+    for r in rec.snapshots:
+        i = r.anchor
+        while i >= 0:
+            needed.add(i)
+            i = rec.nodes[i].parent
+    assert needed == set(range(len(rec.nodes)))  # only blocks some saved snapshot resumes through
+
+
+def test_a_smaller_host_tier_keeps_whole_snapshots_by_density() -> None:
+    index = populated()
+    rec = index.export_host()
+    image = index.host.image_slabs  # type: ignore[union-attr]
+    # room for the cheapest snapshot alone plus a little: never a partial path
+    new = fresh_like(index, host_slabs=image + 12)
+    plan = new.plan_adopt(rec)
+    assert 0 < len(plan.snapshots) < len(rec.snapshots)
+    got = new.adopt_host(rec, plan)
+    new.check_integrity()
+    assert got.snapshots == len(plan.snapshots)
+    for s in new.snapshots.values():
+        assert all(n.host_state is R.RESIDENT for n in new.tree.path(s.anchor))
+    # the densest snapshot is among those kept
+    cost = new.valuer.cost
+
+    def density(i: int) -> float:
+        r = rec.snapshots[i]
+        depth, j = 0, r.anchor
+        while j >= 0:
+            depth, j = depth + 1, rec.nodes[j].parent
+        size = new.image_bytes + (new.slab_bytes if r.tail else 0) + depth * new.slab_bytes
+        return (1 + r.hits) * cost.prefill_seconds(0, r.frontier) / size
+
+    best = max(range(len(rec.snapshots)), key=density)
+    fits = image + (1 if rec.snapshots[best].tail else 0) <= image + 12
+    assert not fits or best in plan.snapshots
+
+
+def test_a_tier_too_small_for_any_snapshot_plans_nothing() -> None:
+    index = populated()
+    rec = index.export_host()
+    new = make_index(host_slabs=index.host.image_slabs + 1, slots=3)  # type: ignore[union-attr]
+    deep_only = HostExport(rec.nodes, [r for r in rec.snapshots if r.anchor >= 1])
+    plan = new.plan_adopt(deep_only)
+    assert plan.snapshots == [] and plan.nodes == [] and plan.slabs == 0
+    new.adopt_host(deep_only, plan)
+    new.check_integrity()
+    assert new.tree.n_nodes == 0
+
+
+def test_adopt_refuses_records_that_cannot_form_an_index() -> None:
+    import pytest
+
+    from sglang_hybrid.index.persist import AdoptError
+
+    index = populated()
+    rec = index.export_host()
+    new = fresh_like(index)
+    bad = HostExport(rec.nodes, [*rec.snapshots, rec.snapshots[0]])  # a repeated snapshot
+    with pytest.raises(AdoptError):
+        new.adopt_host(bad, new.plan_adopt(bad))

@@ -1,0 +1,22 @@
+"""Request helpers shared by the server tests."""
+
+from __future__ import annotations
+
+import random
+
+from sglang_hybrid.cpu.server import CpuServer
+
+
+def toks(seed: int, n: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(20, 1500) for _ in range(n)]
+
+
+def generate(server: CpuServer, ids: list[int], max_new: int = 8) -> dict:
+    """Greedy ``/generate`` on token ids; the reply (asserting HTTP 200)."""
+    status, out = server.post_json(
+        "/generate",
+        {"input_ids": ids, "sampling_params": {"max_new_tokens": max_new, "temperature": 0}},
+    )
+    assert status == 200, out
+    return out

@@ -1,0 +1,98 @@
+"""``--hybrid-cache-file`` on SGLang's real server (spec §5.5): stop, restart, resume from host.
+
+One module: a server with a host tier and the file serves turn 1 of a conversation and is stopped
+the way an operator stops it (SIGTERM to the process group); a second server on the same file
+answers turn 2 from the restored host tier; a third one, whose model config differs (the same
+weights in another directory with one more config key), must load nothing, say why, and serve
+turn 2 uncached, the reference for the second server's output.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import NamedTuple
+
+import pytest
+from server_helpers import generate, toks
+
+from sglang_hybrid.cpu.server import CpuServer, ServerConfig
+from sglang_hybrid.store.cache_file import read_cache_file, verify_slabs
+
+
+class Runs(NamedTuple):
+    file: Path
+    logs: dict[str, str]
+    turn2: dict[str, dict]  # server name -> /generate answer
+    saved_after_first: bool
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
+    root = tmp_path_factory.mktemp("persist")
+    cache_file = root / "host.cache"
+    model = tiny_models["qwen3_next"]
+    other = root / "model-copy"
+    shutil.copytree(model, other)
+    cfg = json.loads((other / "config.json").read_text())
+    cfg["sglang_hybrid_test_note"] = "same weights, another config digest"
+    (other / "config.json").write_text(json.dumps(cfg))
+
+    def config(path: Path) -> ServerConfig:
+        return ServerConfig(
+            path,
+            cache="hybrid",
+            chunked_prefill_size=128,
+            host_cache_mib=64,
+            extra=["--hybrid-cache-file", str(cache_file)],
+        )
+
+    turn1 = toks(11, 300)
+    logs: dict[str, str] = {}
+    turn2: dict[str, dict] = {}
+    first = CpuServer(config(model), root / "first.log", on_progress=print)
+    with first:
+        out1 = generate(first, turn1)
+        assert out1["meta_info"]["cached_tokens"] == 0
+    logs["first"] = first.log_path.read_text(errors="replace")
+    saved = cache_file.exists()
+    ids2 = turn1 + out1["output_ids"] + toks(12, 70)
+    for name, path in (("restored", model), ("mismatched", other)):
+        server = CpuServer(config(path), root / f"{name}.log", on_progress=print)
+        with server:
+            turn2[name] = generate(server, ids2)
+        logs[name] = server.log_path.read_text(errors="replace")
+    yield Runs(cache_file, logs, turn2, saved)
+
+
+def test_an_orderly_stop_saves_the_host_tier(runs: Runs) -> None:
+    assert runs.saved_after_first, runs.logs["first"][-3000:]
+    assert "saving host tier to" in runs.logs["first"]
+    assert "host tier saved to" in runs.logs["first"]
+    cf = read_cache_file(runs.file)  # (the last server's save; each stop replaces the file)
+    assert cf.records.snapshots and verify_slabs(cf) == []
+
+
+def test_a_restart_resumes_the_conversation_from_the_host(runs: Runs) -> None:
+    log = runs.logs["restored"]
+    assert "host tier restored from" in log, log[-3000:]
+    meta = runs.turn2["restored"]["meta_info"]
+    # turn 1's endpoint (300 prompt + 8 output tokens, minus the last) came back from the host
+    assert meta["cached_tokens"] >= 256, meta
+    details = meta.get("cached_tokens_details") or {}
+    assert details.get("host", 0) > 0 or details.get("hybrid_restored_bytes", 0) > 0, meta
+
+
+def test_the_restored_output_equals_the_uncached_one(runs: Runs) -> None:
+    uncached = runs.turn2["mismatched"]
+    assert uncached["meta_info"]["cached_tokens"] == 0
+    assert runs.turn2["restored"]["output_ids"] == uncached["output_ids"]
+
+
+def test_a_mismatched_fingerprint_loads_nothing_and_says_why(runs: Runs) -> None:
+    log = runs.logs["mismatched"]
+    assert "host tier not restored from" in log, log[-3000:]
+    assert "the fingerprint differs" in log and "model_config" in log
+    assert "host tier restored from" not in log
