@@ -59,6 +59,7 @@ CACHE_METHODS = (
     "on_admitted",
     "before_chunked_abort",
     "reserve_inpass",
+    "held_for_restores",
 )
 
 
@@ -97,7 +98,7 @@ def _install(clock: CacheClock) -> list[tuple[Any, str, Any]]:
 
     saved = []
     targets = [(HybridRadixCache, m) for m in CACHE_METHODS]
-    targets += [(Coalescer, "select"), (HostTier, "holding")]
+    targets += [(Coalescer, "select")]
     targets += [(HostTier, "release_lane"), (HostTier, "restore"), (HostTier, "write_snapshot")]
     for cls, name in targets:
         orig = getattr(cls, name)

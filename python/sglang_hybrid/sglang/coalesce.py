@@ -254,13 +254,13 @@ class Coalescer:
 
 def around_prefill_pass(orig: Any, scheduler: Any, *args: Any, **kwargs: Any) -> Any:
     """Hold requests out of the pass, run it, put them back in their places: coalescing
-    requests, and requests whose host-tier restore has not landed (``HostTier.holding``)."""
+    requests, and requests waiting for host-tier restores (``LoadBack.held_for_restores``)."""
     from .cache import HybridRadixCache
 
     cache = getattr(scheduler, "tree_cache", None)
     if not isinstance(cache, HybridRadixCache):
         return orig(scheduler, *args, **kwargs)
-    held = cache.host.holding(scheduler.waiting_queue) if cache.host is not None else []
+    held = cache.held_for_restores(scheduler.waiting_queue)
     if cache.coalescer is not None:
         if held:  # a restoring request neither coalesces nor is anyone's sibling this pass
             restoring = {r.rid for r in held}

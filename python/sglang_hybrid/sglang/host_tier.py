@@ -421,12 +421,14 @@ class HostTier:
             items.append(BlockCopy(rows[i], node.host_slab))
         return items
 
-    def holding(self, queue: list[Any]) -> list[Any]:
-        """Waiting requests whose restore has not retired: held out of the admission pass."""
-        if not self.restores:
-            return []
-        waiting = {rid for rid, p in self.restores.items() if not (p.done or p.failed)}
-        return [r for r in queue if r.rid in waiting] if waiting else []
+    @property
+    def filling(self) -> bool:
+        """A restore or prefetch is landing: some device copies are Filling."""
+        return any(op.kind != "write" for op in self.ops)
+
+    def restoring(self) -> set[str]:
+        """Request ids whose own restore has not retired."""
+        return {rid for rid, p in self.restores.items() if not (p.done or p.failed)}
 
     def _alloc(self, tokens: int, *, backed_only: bool = False) -> torch.Tensor | None:
         """``tokens`` device slots, evicting cached blocks for them (never a pinned path)."""

@@ -20,11 +20,31 @@ from sglang.srt.mem_cache.base_prefix_cache import InitLoadBackParams, MatchResu
 
 from ..index import BLOCK_TOKENS, PromptKey
 from .host_tier import PendingRestore
-from .request import ATTR, MatchHandle, ReqState, key_for
+from .request import ATTR, MatchHandle, ReqState, key_for, token_bytes
 
 if TYPE_CHECKING:
     from ..index import Match, PrefixIndex, Snapshot
     from .host_tier import HostTier
+
+
+FILL_WAIT_WINDOW = 64  # waiting requests checked for in-flight fills per pass, from the head
+
+
+def _waiting_key(req: Any) -> PromptKey | None:
+    """The key of a waiting request's prompt (its own when it was matched before); None for
+    requests in a namespace (LoRA, cache salt) or with images: they are never held."""
+    if (
+        getattr(req, "multimodal_inputs", None) is not None
+        or getattr(req, "lora_id", None)
+        or getattr(req, "extra_key", None)
+        or getattr(req, "cache_salt", None)
+    ):
+        return None
+    tokens = req.origin_input_ids
+    state: ReqState | None = getattr(req, ATTR, None)
+    if state is not None and not state.key.namespace:
+        return state.key if state.key.n <= len(tokens) else state.key.prefix(len(tokens))
+    return PromptKey(token_bytes(tokens, 0, len(tokens)))
 
 
 class LoadBack:
@@ -56,7 +76,7 @@ class LoadBack:
 
         Asynchronous copies (the default): the request is not admitted now. It returns None
         (SGLang's adder ends this pass there, as for any deferred load-back) and the request is
-        held out of admission passes until its copies retire (``HostTier.holding``); then its
+        held out of admission passes until its copies retire (``held_for_restores``); then its
         next match answers the whole prefix as device-resident (``_restored_match``) and it is
         admitted like any device hit. The restore's own hold on the lane (one lock) is dropped
         once SGLang's admission locked it (``on_admitted``). Inline copies (the replay harness)
@@ -196,6 +216,26 @@ class LoadBack:
             full_kv_hit_length=kv_len,
             full_device_match_len=kv_len,
         )
+
+    def held_for_restores(self, queue: list[Any]) -> list[Any]:
+        """Waiting requests to hold out of this admission pass while restores land: those whose
+        own restore runs, and those near the queue's head whose prompt runs through blocks
+        being filled (matched now they would resume short of the blocks on their way back, a
+        request arriving with the one that restores them most of all, as coalescing's siblings
+        do). O(requests checked x their blocks), only while a fill is in flight."""
+        host = self.host
+        if host is None or not host.filling:
+            return []
+        mine = host.restoring()
+        held = []
+        for i, req in enumerate(queue):
+            if req.rid in mine:
+                held.append(req)
+            elif i < FILL_WAIT_WINDOW and (key := _waiting_key(req)) is not None:
+                m = self.index.match(key)
+                if m.settled_blocks < len(m.path):
+                    held.append(req)
+        return held
 
     def on_admitted(self, req: Any) -> None:
         """SGLang's admission locked the request's handle: a restore's own hold goes."""
