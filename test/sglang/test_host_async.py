@@ -78,15 +78,20 @@ def test_a_restored_request_waits_out_of_admission_until_its_copies_land(
     h.cache.index.check_integrity()
 
 
-def test_write_through_beyond_the_bound_waits_then_is_issued(build, slow_copies) -> None:
-    # A 1 MiB bound: a second write-through issued while the first runs waits in the backlog.
-    h = build(
+def _bounded(build: Any) -> Any:
+    """A 32 MiB host tier with at most 1 MiB of write-through in flight."""
+    return build(
         total=4096,
         running=4,
         mamba=16,
         chunk=256,
         opts={"host_cache_mib": 32, "host_write_mib": 1},
     )
+
+
+def test_write_through_beyond_the_bound_waits_then_is_issued(build, slow_copies) -> None:
+    # A 1 MiB bound: a second write-through issued while the first runs waits in the backlog.
+    h = _bounded(build)
     prompts = [toks(rng.randrange(300, 600)) for _ in range(4)]
     for i, p in enumerate(prompts):
         h.s.submit(f"w{i}", p, 8)
@@ -107,13 +112,7 @@ def test_write_through_beyond_the_bound_waits_then_is_issued(build, slow_copies)
 def test_device_pressure_sheds_the_write_backlog(build, slow_copies) -> None:
     from sglang.srt.mem_cache.base_prefix_cache import EvictParams
 
-    h = build(
-        total=4096,
-        running=4,
-        mamba=16,
-        chunk=256,
-        opts={"host_cache_mib": 32, "host_write_mib": 1},
-    )
+    h = _bounded(build)
     for i in range(4):
         h.s.submit(f"p{i}", toks(400), 4)
     host = h.cache.host

@@ -33,7 +33,7 @@ from ..index.coalesce import (
     coalesce_target,
     worth_a_split,
 )
-from .request import ATTR, ReqState, token_bytes
+from .request import ATTR, ReqState, waiting_key
 
 MAX_HOLD_PASSES = 64  # a safety net: a sibling publishes within a few passes
 WINDOW_PASSES = 4  # how far ahead in the queue (in passes' worth of prompt tokens) to look
@@ -84,13 +84,13 @@ class Coalescer:
             return list(self._held)
         self._window_seen = seen
         inflight: InflightPrefixes[Any] = InflightPrefixes()
-        if chunked is not None and (key := self._key(chunked)) is not None:
+        if chunked is not None and (key := waiting_key(chunked)) is not None:
             inflight.add(chunked, key)
         held: list[Any] = []
         holds: dict[str, int] = {}
         asked: dict[tuple[Any, int], int] = {}
         for req in window:
-            key = self._key(req)
+            key = waiting_key(req)
             if key is None:
                 continue
             sib = inflight.sibling(key)
@@ -194,7 +194,7 @@ class Coalescer:
         if len(demand) == len(current):
             return
         for rid, req in current.items():
-            if rid not in demand and (key := self._key(req)) is not None:
+            if rid not in demand and (key := waiting_key(req)) is not None:
                 demand.add(rid, key)
 
     def record_held(self) -> None:
@@ -228,28 +228,6 @@ class Coalescer:
         if chunked is not None:
             alive.add(chunked.rid)
         self.cuts = {rid: c for rid, c in self.cuts.items() if rid in alive}
-
-    # ------------------------------------------------------------ keys
-    @staticmethod
-    def _key(req: Any) -> PromptKey | None:
-        """The prompt's key, kept on the request for its match; None: it never coalesces."""
-        if (
-            getattr(req, "multimodal_inputs", None) is not None
-            or getattr(req, "lora_id", None)
-            or getattr(req, "extra_key", None)
-            or getattr(req, "cache_salt", None)
-            or getattr(req, "skip_radix_cache_insert", False)
-        ):
-            return None
-        n = len(req.origin_input_ids)
-        state: ReqState | None = getattr(req, ATTR, None)
-        if state is None:
-            key = PromptKey(token_bytes(req.origin_input_ids, 0, n))
-            setattr(req, ATTR, ReqState(key=key, n_prompt=n, enabled=True))
-            return key
-        if state.key.namespace:
-            return None
-        return state.key if state.key.n == n else state.key.prefix(min(n, state.key.n))
 
 
 def around_prefill_pass(orig: Any, scheduler: Any, *args: Any, **kwargs: Any) -> Any:

@@ -20,7 +20,7 @@ from sglang.srt.mem_cache.base_prefix_cache import InitLoadBackParams, MatchResu
 
 from ..index import BLOCK_TOKENS, PromptKey
 from .host_tier import PendingRestore
-from .request import ATTR, MatchHandle, ReqState, key_for, token_bytes
+from .request import ATTR, MatchHandle, ReqState, key_for, waiting_key
 
 if TYPE_CHECKING:
     from ..index import Match, PrefixIndex, Snapshot
@@ -28,23 +28,6 @@ if TYPE_CHECKING:
 
 
 FILL_WAIT_WINDOW = 64  # waiting requests checked for in-flight fills per pass, from the head
-
-
-def _waiting_key(req: Any) -> PromptKey | None:
-    """The key of a waiting request's prompt (its own when it was matched before); None for
-    requests in a namespace (LoRA, cache salt) or with images: they are never held."""
-    if (
-        getattr(req, "multimodal_inputs", None) is not None
-        or getattr(req, "lora_id", None)
-        or getattr(req, "extra_key", None)
-        or getattr(req, "cache_salt", None)
-    ):
-        return None
-    tokens = req.origin_input_ids
-    state: ReqState | None = getattr(req, ATTR, None)
-    if state is not None and not state.key.namespace:
-        return state.key if state.key.n <= len(tokens) else state.key.prefix(len(tokens))
-    return PromptKey(token_bytes(tokens, 0, len(tokens)))
 
 
 class LoadBack:
@@ -231,7 +214,7 @@ class LoadBack:
         for i, req in enumerate(queue):
             if req.rid in mine:
                 held.append(req)
-            elif i < FILL_WAIT_WINDOW and (key := _waiting_key(req)) is not None:
+            elif i < FILL_WAIT_WINDOW and (key := waiting_key(req)) is not None:
                 m = self.index.match(key)
                 if m.settled_blocks < len(m.path):
                     held.append(req)

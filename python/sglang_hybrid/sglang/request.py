@@ -140,3 +140,26 @@ def key_for(state: ReqState | None, tokens: Any, n: int, namespace: int = 0) -> 
         return key.prefix(n)
     state.key = key.extend(token_bytes(tokens, key.n, n))
     return state.key
+
+
+def waiting_key(req: Any) -> PromptKey | None:
+    """A waiting request's prompt key, kept on the request for its match (coalescing, and the
+    fill holds of ``load_back.py``); None for requests that never wait on another's prefix:
+    images, a namespace (LoRA, cache salt), or not inserting into the cache."""
+    if (
+        getattr(req, "multimodal_inputs", None) is not None
+        or getattr(req, "lora_id", None)
+        or getattr(req, "extra_key", None)
+        or getattr(req, "cache_salt", None)
+        or getattr(req, "skip_radix_cache_insert", False)
+    ):
+        return None
+    n = len(req.origin_input_ids)
+    state: ReqState | None = getattr(req, ATTR, None)
+    if state is None:
+        key = PromptKey(token_bytes(req.origin_input_ids, 0, n))
+        setattr(req, ATTR, ReqState(key=key, n_prompt=n, enabled=True))
+        return key
+    if state.key.namespace:
+        return None
+    return state.key if state.key.n == n else state.key.prefix(min(n, state.key.n))
