@@ -263,10 +263,6 @@ class HostTier:
             if closing is not None:
                 self.index.release(closing)
 
-    @property
-    def held_lanes(self) -> int:
-        return len(self._closing)
-
     # ================================================================ write-through
     def write_lane(self, lane: Lane) -> int:
         """Issue the lane's device-only blocks to host in one operation; returns bytes issued.

@@ -106,7 +106,7 @@ class LoadBack:
             return None
         state.restore = pending
         if not (pending.done or pending.failed):
-            return None  # held until the copies retire (HostTier.holding)
+            return None  # held until the copies retire (held_for_restores)
         ready = self._take_restore(req, state)
         if ready is None:  # the copy failed
             if dev.source is None:  # the slot may hold part of the image: start from zeros

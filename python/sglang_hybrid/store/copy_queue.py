@@ -36,10 +36,6 @@ CopyMode = Literal["async", "inline", "deferred"]
 Issue = Callable[[], int]  # enqueues one operation's copies; returns the bytes it moves
 
 
-class CopyFailed(RuntimeError):
-    """An operation's copy failed after it was issued (reported when it retires)."""
-
-
 class CopyQueue(ABC):
     """A FIFO of copy operations. Contract: ``finished()`` never decreases until ``retire`` and
     counts done operations from the head; ``retire(k)`` pops the first k (all done) and returns

@@ -9,9 +9,9 @@ slots run consecutively. A state image moves part by part (one linear layer's co
 tensors at a time), split where a part straddles two slabs.
 
 ``TransferBatch`` queues copies and runs them in a forward pass's reading order: the prelude
-(tails), then layer by layer. ``wait_layer`` is the per-layer readiness API: with CUDA the batch
-runs on its own stream and records an event per layer (unverified here: no GPU on these
-machines); on the CPU the same API runs the copies synchronously and every wait returns at once.
+(tails), then layer by layer, on the current stream (the host tier's copy stream,
+``copy_queue.py``). ``wait_layer`` is the per-layer readiness API: with CUDA the batch records an
+event per layer; on the CPU the copies are synchronous and every wait returns at once.
 """
 
 from __future__ import annotations
