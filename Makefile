@@ -39,8 +39,8 @@ kernel-ext: $(STAMP)
 	@touch $(KEXT_STAMP)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check python test benchmark sgl-kernel-ext
-	$(VENV)/bin/ruff format --check python test benchmark sgl-kernel-ext
+	$(VENV)/bin/ruff check python test benchmark sgl-kernel-ext examples
+	$(VENV)/bin/ruff format --check python test benchmark sgl-kernel-ext examples
 
 # The GPU check's CPU smoke mode (every stage at tiny shapes, ~8 min) is its own target: CI runs
 # the check's dry run (its imports and CUDA-free paths) and the suites it reuses.

@@ -1,14 +1,16 @@
 """Stage A1: the backend's tests of ``test/sglang`` with SGLang's pools on the device.
 
 ``test_helpers_path.py`` (SGLang's helpers with real ``Req`` objects and pools, pages 1/16/64),
-``test_host_tier.py`` (the host tier in SGLang's real Scheduler) and ``test_scenarios.py``
-(SGLang's Scheduler with ``--radix-cache hybrid``: repeats, shared preambles, multi-turn,
-eviction, cancel, coalescing) run unchanged through pytest in this process, with
-``SGLANG_HYBRID_TEST_DEVICE`` set to the device: ``test/sglang/direct.py`` builds its pools
-there and ``test/conftest.py``'s schedulers get ``device=...``. Their checking worker proves at
-every pass that the resumed state and every prefix KV slot are what an uncached run would hold,
-SGLang's strict busy/idle pool checks run after every step, and the index's invariant checker at
-every idle point, so the device discipline of every tensor the backend hands SGLang is exercised.
+``test_host_tier.py`` (the host tier in SGLang's real Scheduler), ``test_scenarios.py`` (SGLang's
+Scheduler with ``--radix-cache hybrid``: repeats, shared preambles, multi-turn, eviction, cancel,
+coalescing) and ``test_overlap.py`` (SGLang's overlap loop: on CUDA the passes run on its forward
+stream while the scheduler thread sits in the schedule stream, so the cache's pass-end captures and
+copies are checked against real stream ordering) run unchanged through pytest in this process, with
+``SGLANG_HYBRID_TEST_DEVICE`` set to the device: ``test/sglang/direct.py`` builds its pools there
+and ``test/conftest.py``'s schedulers get ``device=...``. Their checking worker proves at every pass
+that the resumed state and every prefix KV slot are what an uncached run would hold, SGLang's strict
+busy/idle pool checks run after every step, and the index's invariant checker at every idle point,
+so the device discipline of every tensor the backend hands SGLang is exercised.
 """
 
 from __future__ import annotations
@@ -19,13 +21,14 @@ from typing import Any
 
 from common import ROOT, Ctx, add_paths, log
 
-FILES = ("test_helpers_path.py", "test_host_tier.py", "test_scenarios.py")
+FILES = ("test_helpers_path.py", "test_host_tier.py", "test_scenarios.py", "test_overlap.py")
 QUICK = (
     "test_helpers_path.py::test_repeat_multiturn_and_tail_resume[1]",
     "test_helpers_path.py::test_abort_mid_prefill_keeps_the_committed_chunks[64]",
     "test_host_tier.py::test_a_conversation_evicted_from_the_device_resumes_from_host[64]",
     "test_scenarios.py::test_same_prompt_twice[1]",
     "test_scenarios.py::test_cancel_mid_prefill_publishes_what_it_computed[64]",
+    "test_overlap.py::test_a_tap_at_the_prompt_end_holds_the_state_it_names[1]",
 )
 
 

@@ -26,6 +26,8 @@ BASE = dict(
     max_mamba_cache_size=40,
     max_prefill_tokens=4096,
 )
+# A pool that cannot hold the working set: an active request grows by evicting cache.
+SMALL: dict[str, Any] = dict(max_total_tokens=2304, max_running_requests=2, max_mamba_cache_size=12)
 CONFIGS: dict[str, dict[str, Any]] = {
     "uncached": dict(disable_radix_cache=True),
     "uncached-96": dict(disable_radix_cache=True, chunked_prefill_size=96),
@@ -35,21 +37,12 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "zero_split": dict(host_mib=0, tap_mode="zero-split"),
     "zero_split+host": dict(host_mib=64, tap_mode="zero-split"),
     "builtin": dict(),
-    # A pool that cannot hold the working set: an active request grows by evicting cache.
-    "hybrid-small": dict(
-        host_mib=0,
-        tap_mode="split",
-        max_total_tokens=2304,
-        max_running_requests=2,
-        max_mamba_cache_size=12,
-    ),
-    "hybrid-small+host": dict(
-        host_mib=32,
-        tap_mode="zero-split",
-        max_total_tokens=2304,
-        max_running_requests=2,
-        max_mamba_cache_size=12,
-    ),
+    "hybrid-small": dict(host_mib=0, tap_mode="split", **SMALL),
+    "hybrid-small+host": dict(host_mib=32, tap_mode="zero-split", **SMALL),
+    # SGLang's overlap loop (issue #14): batch N+1 runs before batch N's results are processed.
+    "hybrid+host+overlap": dict(host_mib=64, tap_mode="split", overlap=True),
+    "zero_split+overlap": dict(host_mib=0, tap_mode="zero-split", overlap=True),
+    "hybrid-small+host+overlap": dict(host_mib=32, tap_mode="split", overlap=True, **SMALL),
 }
 
 
@@ -85,6 +78,7 @@ def run_config(make_scheduler, model_dir: Path, chat: Chat, name: str) -> Run:
     cfg = {**BASE, **CONFIGS[name]}
     host_mib = cfg.pop("host_mib", None)
     tap_mode = cfg.pop("tap_mode", "auto")
+    cfg["disable_overlap_schedule"] = not cfg.pop("overlap", False)
     kw: dict[str, Any] = {}
     if host_mib is not None:
         cfg["radix_cache_backend"] = "hybrid"
@@ -134,7 +128,7 @@ def run_config(make_scheduler, model_dir: Path, chat: Chat, name: str) -> Run:
                 sched.run_until_idle()
             elif isinstance(step, EvictDevice):
                 tc = sched.tree_cache
-                if name.endswith("+host"):
+                if "+host" in name:
                     tc.evict(EvictParams(num_tokens=1 << 30))
                     for s in list(tc.index.snapshots.values()):
                         if s.image_on_host and s.image_on_device and not s.restore_pins:

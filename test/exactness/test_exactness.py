@@ -11,7 +11,14 @@ from programs import CHUNK, deep_edit_expectation, floor64
 
 from sglang_hybrid.index import HintKind
 
-HYBRID = ["hybrid", "hybrid+host", "zero_split", "zero_split+host"]
+HYBRID = [
+    "hybrid",
+    "hybrid+host",
+    "zero_split",
+    "zero_split+host",
+    "hybrid+host+overlap",
+    "zero_split+overlap",
+]
 
 
 def same_tokens(suite, config: str, prefix: str) -> None:
@@ -114,7 +121,7 @@ def test_identical_prompts_arriving_together(suite, config: str) -> None:
     for i in range(8):
         assert cached(suite, config, f"it-{i}") == 448
     same_tokens(suite, config, "it-")
-    if config.endswith("+host"):  # the prefix lived on the host only: its blocks came back once
+    if "+host" in config:  # the prefix lived on the host only: its blocks came back once
         assert suite[config].cache["identical_together"]["restored_blocks"] == 7
 
 
@@ -145,7 +152,9 @@ def test_cancel_mid_prefill_publishes_what_it_computed(suite, config: str) -> No
     same_tokens(suite, config, "cm-2")
 
 
-@pytest.mark.parametrize("config", ["hybrid-small", "hybrid-small+host"])
+@pytest.mark.parametrize(
+    "config", ["hybrid-small", "hybrid-small+host", "hybrid-small+host+overlap"]
+)
 def test_pressure_with_active_growth(suite, config: str) -> None:
     assert len(suite[config].results["pr-grow"].output_ids) == 300  # nothing active was lost
     same_tokens(suite, config, "pr-")
@@ -172,7 +181,7 @@ def test_zero_split_captures_taps_inside_passes(suite, config: str) -> None:
     if config.startswith("zero_split"):
         assert in_pass > 0
         # Captured taps cost no model call: fewer calls than the same programs split.
-        split = suite[config.replace("zero_split", "hybrid")]
+        split = suite[config.replace("zero_split", "hybrid").replace("+overlap", "")]
         assert calls < sum(len(p) for p in split.pieces.values())
         assert sum(len(c) for c in suite[config].captures.values()) > 0
     else:

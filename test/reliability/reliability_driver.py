@@ -73,6 +73,8 @@ class Config:
     expect_retract: bool = False
     share: float = 1.0  # relative share of the operations
     tap_mode: str = "auto"  # --hybrid-tap-mode (auto: zero-split with the CPU workers)
+    overlap: bool = False  # SGLang's overlap loop (the next batch runs before this one's results)
+    tail_tap: str = "exact"  # --hybrid-tail-tap (flexible: realised where a pass ends)
 
     def build_kwargs(self) -> dict[str, Any]:
         opts: dict[str, Any] = {
@@ -81,6 +83,7 @@ class Config:
             # Host copies in flight for one iteration, run on this thread: every asynchronous
             # state is reached and a seed replays exactly (no copy-thread timing).
             "host_copy": "deferred",
+            "tail_tap": self.tail_tap,
         }
         if self.slots is not None:
             opts["device_snapshot_slots"] = self.slots
@@ -94,6 +97,7 @@ class Config:
             mamba=self.mamba,
             opts=opts,
             schedule_conservativeness=self.conservativeness,
+            disable_overlap_schedule=not self.overlap,
         )
 
 

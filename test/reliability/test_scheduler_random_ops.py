@@ -50,6 +50,12 @@ CONFIGS = [
     # Few snapshot slots and one running request: coalescing holds, taps refused for slots.
     Config("one-running", running=1, mamba=6, slots=2, share=0.6),
     Config("one-running-split", running=1, mamba=6, slots=2, share=0.6, tap_mode="split"),
+    # SGLang's overlap loop: batch N+1 is scheduled and run before batch N's results are
+    # processed, so checkpoints and releases see a live state the next batch already advanced;
+    # CheckingWorker proves every resumed state is the one its frontier names.
+    Config("overlap-p1", overlap=True),
+    Config("overlap-split-p64", page=64, tap_mode="split", tail_tap="flexible", overlap=True),
+    Config("overlap-host-p64", page=64, host_mib=4, overlap=True),
 ]
 
 

@@ -42,9 +42,13 @@ class CheckingWorker(TokenWorker):
         self.r2t = r.req_to_token_pool
         slots = self.r2t.get_mamba_indices(batch.req_pool_indices).tolist()
         locs = batch.out_cache_loc.to(torch.int64)
+        ids = batch.input_ids.tolist()
         for span in spans:
             req, p, n = span.req, span.prefix_len, span.extend_len
-            tokens = list(req.origin_input_ids) + list(req.output_ids)
+            # The pass's own tokens come from the batch: under overlap scheduling a decode's
+            # input is the token the previous batch sampled, not yet in ``output_ids``.
+            known = list(req.origin_input_ids) + list(req.output_ids)
+            tokens = known[:p] + ids[span.offset : span.offset + n]
             hs = prefix_hashes(tokens, p + n)
             slot = int(slots[span.index])
             state = float(self.mamba.temporal[0, slot].reshape(-1)[0])

@@ -119,9 +119,10 @@ def hybrid_args(model: Path, *extra: str) -> list[str]:
 def test_the_launch_command_alone_starts_with_the_plugin_choices_logged_once(
     qwen3_next_dir: Path, plugin_log: PluginLog, page: str | None
 ) -> None:
-    """``--radix-cache hybrid`` and nothing else: the plugin turns overlap scheduling off and
-    picks the no_buffer strategy where the operator did not choose, SGLang's own validation
-    accepts them (no_buffer at page 64 too), and the scheduler's pickled copy carries them."""
+    """``--radix-cache hybrid`` and nothing else: the plugin picks the no_buffer strategy where the
+    operator did not choose and leaves overlap scheduling on (SGLang's default), SGLang's own
+    validation accepts both (no_buffer at page 64 and with overlap too), and the scheduler's
+    pickled copy carries them."""
     import pickle
 
     from sglang.srt.arg_groups.overrides import resolution_result
@@ -135,16 +136,13 @@ def test_the_launch_command_alone_starts_with_the_plugin_choices_logged_once(
     again = pickle.loads(pickle.dumps(sa))  # what each scheduler process receives
     again.resolve_once()  # a resolved record: nothing chosen or logged again
     for record in (sa, again):
-        assert resolution_result(record, "disable_overlap_schedule") is True
+        assert resolution_result(record, "disable_overlap_schedule") is False
         assert resolution_result(record, "mamba_radix_cache_strategy") == "no_buffer"
     # The config bags the scheduler reads (get_schedule(), get_exec()) are projected from it.
     ctx = create_context(again, role="scheduler")
-    assert ctx.config_bag("schedule").disable_overlap_schedule is True
+    assert ctx.config_bag("schedule").disable_overlap_schedule is False
     assert ctx.config_bag("exec").mamba.mamba_radix_cache_strategy == "no_buffer"
-    assert plugin_log.choices() == [
-        (logging.WARNING, "overlap scheduling off"),
-        (logging.INFO, "--mamba-radix-cache-strategy no_buffer"),
-    ]
+    assert plugin_log.choices() == [(logging.INFO, "--mamba-radix-cache-strategy no_buffer")]
 
 
 def test_explicit_choices_are_kept_and_nothing_is_logged(
@@ -180,9 +178,6 @@ REFUSALS = [
     (["--disaggregation-mode", "decode"], r"--disaggregation-mode decode: .*drop"),
     (["--speculative-algorithm", "EAGLE"], r"--speculative-algorithm EAGLE: .*drop it"),
     (["--speculative-algorithm", "NGRAM"], r"--speculative-algorithm NGRAM: .*drop it"),
-    # Overlap scheduling cannot be asked for by a flag (only --disable-overlap-schedule exists);
-    # the prefill delayer is the explicit request that needs it.
-    (["--enable-prefill-delayer"], r"--enable-prefill-delayer needs overlap scheduling"),
     (["--pp-size", "2"], r"--pp-size > 1: not supported"),
 ]
 
@@ -218,17 +213,15 @@ def test_fp8_kv_with_per_tensor_scales_is_accepted(qwen3_next_dir: Path) -> None
     assert resolution_result(sa, "kv_cache_dtype") == "fp8_e4m3"
 
 
-def test_overlap_turned_back_on_during_resolution_is_refused() -> None:
-    """No flag asks for overlap; if a later resolution step re-enabled it, the resolved check
-    (launcher, after resolution; scheduler, at build) refuses rather than race live states."""
-    from types import SimpleNamespace
+def test_overlap_scheduling_and_the_prefill_delayer_are_accepted(qwen3_next_dir: Path) -> None:
+    """Overlap scheduling is on unless the operator turns it off, and the prefill delayer (which
+    needs it) starts: the cache captures pass ends as part of the pass (test_overlap.py)."""
+    from sglang.srt.arg_groups.overrides import resolution_result
+    from sglang.srt.server_args import prepare_server_args
 
-    from sglang_hybrid.sglang.checks import check_server_args
-
-    view = SimpleNamespace(disable_overlap_schedule=False, page_size=1)
-    check_server_args(view, resolved=False)  # before resolution False only means "not chosen"
-    with pytest.raises(ConfigError, match=r"overlap scheduling is on: .*--disable-overlap"):
-        check_server_args(view, resolved=True)
+    sa = prepare_server_args(hybrid_args(qwen3_next_dir, "--enable-prefill-delayer"))
+    sa.resolve_once()
+    assert resolution_result(sa, "disable_overlap_schedule") is False
 
 
 @pytest.mark.parametrize(

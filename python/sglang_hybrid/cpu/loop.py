@@ -35,6 +35,7 @@ Contract:
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 from array import array
@@ -105,9 +106,7 @@ class InProcessScheduler:
             _destroy_parallel_runtime()
             raise
         self._closed = False
-        if self.scheduler.enable_overlap:
-            self.close()
-            raise NotImplementedError("the in-process driver runs the normal loop only")
+        self.overlap = bool(self.scheduler.enable_overlap)
         self._prepare_loop()
         self.sink = OutputSink()
         # Nobody listens on the ZMQ peers: every reply the scheduler sends lands in the sink.
@@ -127,6 +126,9 @@ class InProcessScheduler:
             s.schedule_stream.synchronize = lambda: None
         s._war_barrier_enabled = is_cuda() or envs.SGLANG_ENABLE_WAR_BARRIER.get()
         s.metrics_reporter.start_scheduler_time_accounting()
+        if self.overlap:  # the prologue of event_loop_overlap
+            s.enable_skip_finishing_decode = True
+            s.result_queue = collections.deque()
 
     def stream(self) -> Any:
         """The Scheduler's schedule stream as a context (SGLang's event loop runs inside it on
@@ -242,6 +244,8 @@ class InProcessScheduler:
             return self._step(idle_check)
 
     def _step(self, idle_check: bool) -> Any:
+        if self.overlap:
+            return self._step_overlap(idle_check)
         from sglang.srt.environ import envs
 
         s = self.scheduler
@@ -262,6 +266,48 @@ class InProcessScheduler:
             s.invariant_checker.self_check_during_busy()
         return batch
 
+    def _step_overlap(self, idle_check: bool) -> Any:
+        """One iteration of ``event_loop_overlap`` (minus the receive): batch N+1 is scheduled
+        and launched before the results of batch N are processed. On the CPU the launch runs the
+        forward to completion, so what this reproduces is SGLang's ordering of cache calls (a
+        result's checkpoint and release come after the next batch was built and run), not the
+        GPU's concurrency."""
+        from sglang.srt.environ import envs
+
+        s = self.scheduler
+
+        def pop_and_process() -> None:
+            done, result = s.result_queue.popleft()
+            s.process_batch_result(done, result)
+
+        plan = s.get_next_batch_to_run(running_batch=s.running_batch, last_batch=s.last_batch)
+        s.running_batch = plan.running_batch
+        batch = plan.batch_to_run
+        s.cur_batch_for_debug = batch
+        sync = s.is_disable_overlap_for_batch(batch, last_batch=s.last_batch)
+        if sync:
+            pop_and_process()
+        result = None
+        if batch:
+            with torch.no_grad():
+                result = s.run_batch(batch)
+            s._apply_war_barrier()
+            s.result_queue.append((batch.copy(), result))
+        else:
+            s._sched_idled = True
+        if s.last_batch:
+            if not sync:
+                pop_and_process()
+        elif batch is None and idle_check:
+            s.on_idle()
+        if s.is_generation:
+            with torch.no_grad():
+                s.launch_batch_sample_if_needed(result, batch)
+        s.last_batch = batch
+        if envs.SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY.get():
+            s.invariant_checker.self_check_during_busy()
+        return batch
+
     def has_work(self) -> bool:
         """Anything waiting, running, chunked, a prefill batch that has not yet joined the
         running batch (that happens at the next ``get_next_batch_to_run``), or host-tier copies
@@ -274,6 +320,7 @@ class InProcessScheduler:
             or not s.running_batch.is_empty()
             or s.chunked_req is not None
             or (last is not None and not last.is_empty())
+            or bool(getattr(s, "result_queue", None))  # overlap: a result not processed yet
             or (copies is not None and copies())
         )
 

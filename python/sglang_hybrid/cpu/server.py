@@ -100,8 +100,8 @@ class ServerConfig:
             str(self.chunked_prefill_size),
         ]
         if self.cache == "hybrid":
-            # Nothing about overlap scheduling or the mamba strategy: the plugin turns overlap off
-            # and picks no_buffer itself, so this is the documented launch command.
+            # Nothing about overlap scheduling or the mamba strategy: the plugin picks no_buffer
+            # itself and overlap stays on, so this is the documented launch command.
             args += ["--radix-cache", "hybrid", "--hybrid-host-cache-mib", str(self.host_cache_mib)]
         else:
             # Spelled out for SGLang's own cache: on a CPU, auto would pick extra_buffer, which

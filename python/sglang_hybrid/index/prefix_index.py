@@ -355,6 +355,7 @@ class PrefixIndex(DeviceResidency, HostTransfers):
         tail_device: object | None = None,
         tail_device_tokens: int = 0,
         demand: int = 0,
+        origin: int = 0,
     ) -> Snapshot | None:
         """Publish the state in staging ``slot`` at ``frontier`` (§7.4, §7.7).
 
@@ -382,7 +383,14 @@ class PrefixIndex(DeviceResidency, HostTransfers):
                 self.stats.duplicate_publications += 1
                 self.cancel_slot(slot, lane, frontier, kind)
                 return None
-        s = Snapshot(id=self._next_snapshot, anchor=anchor, frontier=frontier, tail=tail, kind=kind)
+        s = Snapshot(
+            id=self._next_snapshot,
+            anchor=anchor,
+            frontier=frontier,
+            tail=tail,
+            kind=kind,
+            origin=origin,
+        )
         self._next_snapshot += 1
         s.device_slot, s.device_state = slot, R.RESIDENT
         self.slots.take(slot, s)

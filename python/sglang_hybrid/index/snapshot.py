@@ -30,6 +30,9 @@ class Snapshot:
     frontier: int
     tail: bytes  # exact packed tokens [64*(anchor.depth+1), F)
     kind: SnapshotKind
+    # Why it was planned: a ``TapSource`` value (0: not planned, an endpoint, or unknown after a
+    # restart); reported by the boundary query (``resume_points``), never used to decide.
+    origin: int = 0
     # Image copies. The device slot indexes the cache's D snapshot slots.
     device_slot: int = -1
     device_state: Residency = Residency.ABSENT

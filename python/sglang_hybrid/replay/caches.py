@@ -106,6 +106,12 @@ def cache_environment(cache: str) -> Iterator[None]:
             os.environ[_LONG_CONTEXT_ENV] = old_env
 
 
+# The caches that run SGLang's overlap loop when a replay asks for it (``--overlap``): SGLang's
+# no_buffer strategy refuses overlap scheduling ("no_buffer do not support overlap schedule"), so
+# it always runs without.
+OVERLAP_CACHES = ("hybrid", "extra_buffer", "oracle")
+
+
 def scheduler_kwargs(
     plan: PoolPlan,
     *,
@@ -120,6 +126,7 @@ def scheduler_kwargs(
     tap_min_gap: int | None = None,
     page_size: int | None = None,
     host_mib: int = 0,
+    overlap: bool = False,
 ) -> dict[str, Any]:
     """``InProcessScheduler`` keyword arguments for ``plan`` (see the module contract)."""
     from sglang_hybrid.sglang.flags import HybridOptions
@@ -133,6 +140,8 @@ def scheduler_kwargs(
         "max_mamba_cache_size": plan.state_slots,
         "context_length": context_length,
     }
+    if overlap and plan.cache in OVERLAP_CACHES:
+        kw["disable_overlap_schedule"] = False
     if plan.cache == "hybrid":
         kw["radix_cache_backend"] = "hybrid"
         opts = HybridOptions(

@@ -200,6 +200,12 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
         default=True,
         help="in-flight prefix coalescing (default on; --no-coalesce: as before it existed)",
     )
+    p.add_argument(
+        "--overlap",
+        action="store_true",
+        help="SGLang's overlap loop (the next batch is scheduled before this one's results are "
+        "processed) for hybrid, extra_buffer and oracle; no_buffer refuses it and runs without",
+    )
     p.add_argument("--model-dir", default=None, help="tiny model directory (written if absent)")
     bar = p.add_mutually_exclusive_group()
     bar.add_argument("--progress", dest="progress", action="store_true", default=None)
@@ -227,6 +233,7 @@ def _settings(args: argparse.Namespace, budget_gib: float) -> object:
         coalesce=args.coalesce,
         tap_mode=args.tap_mode,
         capture_grid=args.capture_grid,
+        overlap=args.overlap,
         model_dir=args.model_dir,
         progress=args.progress,
     )
@@ -256,6 +263,8 @@ def cmd_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
         "trace": f"{trace.name} ({len(trace.requests)} requests, "
         f"{sum(r.n for r in trace.requests):,} prompt tokens; {trace.source})",
     }
+    if args.overlap:
+        meta["overlap"] = "overlap scheduling on (no_buffer without: SGLang refuses it there)"
     if warm:
         meta["warmup"] = (
             "unrelated requests filling the pools (--prefill-pool)"

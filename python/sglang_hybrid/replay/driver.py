@@ -84,6 +84,7 @@ class ReplaySettings:
     # inside a pass); zero-split models the in-pass capture the CPU workers already offer.
     tap_mode: str = "split"
     capture_grid: str = "any"  # zero-split: "any" position (CPU workers) or "chunk" (GPU hook)
+    overlap: bool = False  # SGLang's overlap loop, for every cache that supports it (--overlap)
     model_dir: str | None = None  # the tiny model; written once under the cache dir if unset
     progress: bool | None = None  # None: a bar when stderr is a terminal
 
@@ -147,6 +148,7 @@ def replay(
         tap_min_gap=settings.tap_min_gap,
         page_size=settings.hybrid_page_size if cache == "hybrid" else None,
         host_mib=host_cache_mib(plan.host_bytes, clock.geometry, tiny_kv_bytes_per_token(path)),
+        overlap=settings.overlap,
     )
     with cache_environment(cache):
         from sglang_hybrid.cpu.loop import InProcessScheduler

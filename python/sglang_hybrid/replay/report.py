@@ -98,7 +98,9 @@ def markdown(sweep: list[SweepPoint], meta: dict[str, Any]) -> str:
     lines = [f"### {meta.get('title', 'Replay')}", ""]
     if meta.get("command"):
         lines += ["```", str(meta["command"]), "```", ""]
-    facts = [f"{k}: {meta[k]}" for k in ("date", "machine", "trace", "warmup") if meta.get(k)]
+    facts = [
+        f"{k}: {meta[k]}" for k in ("date", "machine", "trace", "warmup", "overlap") if meta.get(k)
+    ]
     if facts:
         lines += ["; ".join(facts), ""]
     for p in sweep:

@@ -54,6 +54,7 @@ from ..index import (
 from ..index.admission import cheapest
 from ..store.device import DevicePools, handle_to_slots, handles_to_slots
 from ..store.layout import build_layout
+from .boundaries import Recent
 from .coalesce import Coalescer
 from .flags import HybridOptions
 from .hints import tap_hints
@@ -110,7 +111,11 @@ class HybridRadixCache(LoadBack, Publisher, BasePrefixCache):
             capture_grid = 1 if options.tap_mode == "zero-split" else 0
         self.capture_grid = capture_grid
         self.taps_in_pass = 0
+        # Overlap scheduling (SGLang's event_loop_overlap): set from the scheduler before its
+        # first pass (``bind_scheduler``).
+        self.overlap = False
         self.coalescer = Coalescer(self) if options.coalesce and not self.disable else None
+        self.recent = Recent()  # the sequences released last, for GET /slots
         self._tp_group = getattr(params, "tp_cache_group", None)  # the host tier's MIN poll
         self._free_next_poll: list[torch.Tensor] = []  # restore staging slots (MambaPool)
         self.index = self._new_index()
@@ -153,6 +158,20 @@ class HybridRadixCache(LoadBack, Publisher, BasePrefixCache):
             [(g, "kv", i) for g, i in full.items()] + [(g, "state", i) for g, i in linear.items()]
         )
         return [(kind, i) for _, kind, i in order]
+
+    def bind_scheduler(self, scheduler: Any) -> None:
+        """Once, before the scheduler's first pass. Under overlap scheduling the next batch is
+        scheduled while this one runs: pass ends are captured as part of the pass (``publish``),
+        and on CUDA every copy the cache makes inside SGLang's pools, and every host copy, is
+        ordered on the forward stream, so it lands after the pass that produced its source and
+        before the next pass that writes it (the scheduler thread's own stream is the schedule
+        stream there)."""
+        self.overlap = bool(getattr(scheduler, "enable_overlap", False))
+        stream = getattr(scheduler, "forward_stream", None) if self.overlap else None
+        if stream is not None and self.device.type == "cuda":
+            self.pools.stream = stream
+            if self.host is not None:
+                self.host.order_after(stream)
 
     # ================================================================ snapshot slots
     def _reserve_slots(self, *, strict: bool = False) -> bool:
@@ -347,6 +366,7 @@ class HybridRadixCache(LoadBack, Publisher, BasePrefixCache):
         ]
         state.flexible = [t.position for t in taps if t.position not in state.cuts]
         state.boundary = {t.position for t in taps if t.boundary}
+        state.origin = {t.position: int(t.source) for t in taps}
         state.taken = set()
         state.demand = {}
         state.capture_grid = self.capture_grid
@@ -446,6 +466,9 @@ class HybridRadixCache(LoadBack, Publisher, BasePrefixCache):
     def on_release(self, req: Any, *, checkpointed: bool) -> None:
         if self.coalescer is not None:
             self.coalescer.forget(req.rid)
+        state: ReqState | None = getattr(req, ATTR, None)
+        if checkpointed and state is not None and state.enabled:
+            self.recent.add(req.rid, state.key)  # GET /slots (boundaries.py)
         if not checkpointed:
             self._free_state_slot(req)
 

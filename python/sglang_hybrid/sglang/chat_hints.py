@@ -28,9 +28,13 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 def message_boundaries(
-    render: Render, messages: Sequence[dict], prompt: Sequence[int] | None = None
+    render: Render,
+    messages: Sequence[dict],
+    prompt: Sequence[int] | None = None,
+    explicit: frozenset[int] = frozenset(),
 ) -> list[TapHint]:
-    """Hints for ``prompt`` (the rendering of ``messages`` with a generation opener)."""
+    """Hints for ``prompt`` (the rendering of ``messages`` with a generation opener). The ends of
+    the messages whose indices are in ``explicit`` are client breakpoints (``cache_control``)."""
     if prompt is None:
         prompt = render(messages, True)
     out: list[TapHint] = []
@@ -42,6 +46,8 @@ def message_boundaries(
         kind = HintKind.STRUCTURAL if first_system else HintKind.MESSAGE
         if k == len(messages):
             kind = HintKind.OPENER  # the assistant opener that follows the last message
+        if k - 1 in explicit:
+            kind = HintKind.EXPLICIT
         out.append(TapHint(end, kind))
     return out
 

@@ -3,8 +3,8 @@
 Four moments:
 
 - :func:`choices_for_unset`: where the operator did not choose, the plugin chooses what the cache
-  needs (overlap scheduling off, the ``no_buffer`` mamba strategy) before SGLang resolves its
-  arguments, so ``--radix-cache hybrid`` alone starts;
+  needs (the ``no_buffer`` mamba strategy) before SGLang resolves its arguments, so
+  ``--radix-cache hybrid`` alone starts;
 - :func:`check_server_args`: explicit flags in the launching process before SGLang resolves its
   arguments (the raw record is exactly what the operator asked for, and a bad flag fails with our
   message before SGLang's own, which does not know the fix), and what resolution derived right
@@ -50,19 +50,12 @@ def choices_for_unset(view: Any) -> dict[str, tuple[Any, str]]:
     """What the plugin sets where the operator left SGLang to choose: ``{field: (value, why)}``.
 
     ``view`` is the record before SGLang's resolution (its raw fields are what the operator typed;
-    earlier declarations, if any, through the resolving view). ``disable_overlap_schedule`` is a
-    store-true flag defaulting to False, so False means "not chosen": there is no flag that asks
-    for overlap scheduling. ``mamba_radix_cache_strategy`` defaults to ``auto``, which asks SGLang
+    earlier declarations, if any, through the resolving view). Overlap scheduling is left as
+    SGLang chooses: the cache captures pass ends as part of the pass (``publish.py``).
+    ``mamba_radix_cache_strategy`` defaults to ``auto``, which asks SGLang
     to choose; an explicit ``extra_buffer`` strategy is refused by :func:`check_server_args`.
     """
     out: dict[str, tuple[Any, str]] = {}
-    if not _get(view, "disable_overlap_schedule", True):
-        out["disable_overlap_schedule"] = (
-            True,
-            "overlap scheduling off: the cache copies live recurrent states at chunk "
-            "boundaries, which the next batch, scheduled while this one runs, would race "
-            "(--disable-overlap-schedule says so explicitly)",
-        )
     if _get(view, "mamba_radix_cache_strategy") == "auto":
         out["mamba_radix_cache_strategy"] = (
             "no_buffer",
@@ -73,13 +66,10 @@ def choices_for_unset(view: Any) -> dict[str, tuple[Any, str]]:
     return out
 
 
-def check_server_args(view: Any, *, resolved: bool = True) -> None:
-    """Flag combinations the cache cannot serve.
-
-    ``resolved=False`` checks what the operator asked for (the raw ServerArgs before SGLang's
-    resolution); ``resolved=True`` checks SGLang's resolving view, which also holds what
-    resolution derived (overlap scheduling, a strategy a model override picked, a prefill delayer
-    an environment variable turned on).
+def check_server_args(view: Any) -> None:
+    """Flag combinations the cache cannot serve: called on what the operator asked for (the raw
+    ServerArgs before SGLang's resolution) and on SGLang's resolving view, which also holds what
+    resolution derived (a strategy a model override picked, say).
     """
     from sglang.srt.environ import envs
 
@@ -154,19 +144,6 @@ def check_server_args(view: Any, *, resolved: bool = True) -> None:
         raise ConfigError(
             f"--mamba-radix-cache-strategy {strategy}: --radix-cache hybrid takes its own "
             f"snapshots; use --mamba-radix-cache-strategy no_buffer (or leave it out)"
-        )
-    if _get(view, "enable_prefill_delayer"):
-        raise ConfigError(
-            "--enable-prefill-delayer needs overlap scheduling, which --radix-cache hybrid "
-            "turns off (it copies live states at chunk boundaries); drop the flag (or "
-            "SGLANG_SCHEDULER_DECREASE_PREFILL_IDLE)"
-        )
-    if resolved and not _get(view, "disable_overlap_schedule", True):
-        # The plugin declares it off before resolution (choices_for_unset); only a later
-        # resolution step could turn it back on.
-        raise ConfigError(
-            "overlap scheduling is on: --radix-cache hybrid copies live states at chunk "
-            "boundaries; pass --disable-overlap-schedule"
         )
     algo = _get(view, "speculative_algorithm")
     if algo not in (None, "", "NONE"):

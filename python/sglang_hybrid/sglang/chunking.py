@@ -15,7 +15,9 @@ tail) shortens the pass that would run past p. Three hooks on SGLang's ``Prefill
 With in-pass capture (``--hybrid-tap-mode zero-split``) a tap on the pass's 64-token grid does not
 end the pass: once the pass's extent is final (after the admission is committed, or the chunked
 request's next chunk is sized) the cache reserves a snapshot slot for each such tap and asks the
-model worker to copy the state there during the forward (``cpu/taps.py``'s protocol).
+model worker to copy the state there during the forward (``cpu/taps.py``'s protocol). Under
+overlap scheduling the tap at the pass's end is reserved there too (the cache copies it right
+after the pass is launched, before the next batch can advance the live state).
 
 Requests the cache does not plan for (no ``req.hybrid`` state) are left alone.
 """
@@ -110,8 +112,9 @@ def after_add_chunked_req(result: Any, adder: Any, req: Any, *args: Any, **kwarg
 
 
 def _reserve_inpass(adder: Any, req: Any) -> None:
-    """With in-pass capture, reserve the snapshot slots of the taps this pass passes over."""
+    """Reserve the snapshot slots of the taps captured as part of this pass: those it passes
+    over with in-pass capture, and the one at its end under overlap scheduling."""
     cache = adder.tree_cache
     reserve = getattr(cache, "reserve_inpass", None)
-    if reserve is not None and getattr(req, ATTR).capture_grid:
+    if reserve is not None and (getattr(req, ATTR).capture_grid or cache.overlap):
         reserve(req, req.prefix_len, req.extend_end)

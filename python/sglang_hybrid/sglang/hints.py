@@ -23,6 +23,9 @@ from ..index import HintKind, TapHint
 logger = logging.getLogger(__name__)
 
 ACTION_TYPE = "sglang_hybrid.taps"
+# ``POST /hybrid/checkpoint`` (issue #16): publish the endpoint wherever the request ends, even
+# within a block of another snapshot (the 64-token spacing rule of §7.7 is for ordinary requests).
+CHECKPOINT_ACTION = "sglang_hybrid.checkpoint"
 _KINDS = {
     "explicit": HintKind.EXPLICIT,
     "opener": HintKind.OPENER,
@@ -49,6 +52,30 @@ def make_envelope(positions: list[int], kinds: list[str] | None = None) -> dict[
             }
         ],
     }
+
+
+def checkpoint_envelope() -> dict[str, Any]:
+    """The ``kv_hints`` envelope of a checkpoint request (its endpoint is always published)."""
+    return {
+        "protocol_version": "1",
+        "message_id": "",
+        "actions": [
+            {
+                "action_id": "checkpoint",
+                "action_type": CHECKPOINT_ACTION,
+                "action_version": "1",
+                "payload": {},
+            }
+        ],
+    }
+
+
+def pins_endpoint(req: Any) -> bool:
+    """Whether ``req`` carries the checkpoint action."""
+    envelope = getattr(req, "kv_hints", None)
+    if envelope is None:
+        return False
+    return any(_get(a, "action_type") == CHECKPOINT_ACTION for a in _get(envelope, "actions") or ())
 
 
 def _get(obj: Any, name: str) -> Any:

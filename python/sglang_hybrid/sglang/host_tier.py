@@ -243,6 +243,10 @@ class HostTier:
         self.drain()
         self.queue.close()
 
+    def order_after(self, stream: Any) -> None:
+        """Copies issued from now on wait (on the device) for ``stream``'s queued work too."""
+        self.queue.order_after(stream)
+
     # ================================================================ lanes
     def release_lane(self, lane: Lane) -> None:
         """Write the lane's blocks through (§7.6), then release it once nothing copies from it."""

@@ -65,6 +65,9 @@ def register() -> None:
         "sglang.srt.managers.scheduler.Scheduler.get_next_batch_to_run", _after_next_batch, after
     )
     HookRegistry.register(
+        "sglang.srt.managers.scheduler.Scheduler.run_batch", _after_run_batch, after
+    )
+    HookRegistry.register(
         "sglang.srt.managers.scheduler.Scheduler.flush_cache", _after_flush, after
     )
     HookRegistry.register(
@@ -96,6 +99,16 @@ def register() -> None:
     HookRegistry.register(
         f"{chat}._render_and_encode_chat_template", chat_server.around_render, around
     )
+    HookRegistry.register(f"{chat}.handle_request", chat_server.around_handle_request, around)
+    anthropic = "sglang.srt.entrypoints.anthropic.serving.AnthropicServing"
+    HookRegistry.register(
+        f"{anthropic}.handle_messages", chat_server.around_handle_messages, around
+    )
+    HookRegistry.register(
+        f"{anthropic}._convert_to_chat_completion_request",
+        chat_server.around_anthropic_convert,
+        around,
+    )
     # Empty prompts answer 400 instead of reaching the model (``prompts.py``); every server with
     # the package installed, since a zero-token prompt has no meaning under any cache.
     from . import prompts
@@ -119,11 +132,30 @@ def register() -> None:
         persistence.before_event_loop,
         HookType.BEFORE,
     )
+    # The boundary API (issue #16): its routes on SGLang's app (``http_api.py``), answered by
+    # each scheduler's cache through SGLang's control path (``boundaries.py``).
+    from . import boundaries
+
+    HookRegistry.register(
+        "sglang.srt.managers.scheduler.Scheduler.handle_dumper_control",
+        boundaries.around_dumper_control,
+        around,
+    )
     if _http_server_importable():
+        from . import http_api
+
+        HookRegistry.register(
+            "sglang.srt.utils.common.build_server_info", http_api.after_build_server_info, after
+        )
         HookRegistry.register(
             "sglang.srt.entrypoints.http_server.launch_server",
             persistence.around_launch_server,
             around,
+        )
+        HookRegistry.register(
+            "sglang.srt.entrypoints.http_server.launch_server",
+            http_api.before_launch_server,
+            HookType.BEFORE,
         )
 
 
@@ -181,7 +213,7 @@ def _before_resolve(server_args: Any, *args: Any, **kwargs: Any) -> None:
         from .checks import check_server_args
 
         _check_hooks()
-        check_server_args(server_args, resolved=False)
+        check_server_args(server_args)
         _choose_where_unset(server_args)
 
 
@@ -229,7 +261,7 @@ def _after_resolve(result: Any, server_args: Any, *args: Any, **kwargs: Any) -> 
     if _uses_hybrid(server_args):
         from .checks import check_server_args
 
-        check_server_args(_resolved(server_args), resolved=True)
+        check_server_args(_resolved(server_args))
 
 
 def _resolved(server_args: Any) -> Any:
@@ -240,9 +272,11 @@ def _resolved(server_args: Any) -> Any:
 
 
 def _no_buffer_check(orig: Any, view: Any, *args: Any, **kwargs: Any) -> Any:
-    """SGLang's no_buffer strategy allows page size 1 only, for its own cache's sake; the hybrid
-    cache keys 64-token blocks and works with any page size dividing 64 (checked by us)."""
-    if _uses_hybrid(view) and (getattr(view, "page_size", None) or 1) > 1:
+    """SGLang's no_buffer strategy allows page size 1 and no overlap scheduling only, for its own
+    cache's sake (it copies live states at chunk ends); the hybrid cache keys 64-token blocks,
+    works with any page size dividing 64 (checked by us) and captures pass ends as the pass runs,
+    so overlap scheduling is fine. Its other condition (no trtllm_mha) still applies."""
+    if _uses_hybrid(view) and getattr(view, "attention_backend", None) != "trtllm_mha":
         return None
     return orig(view, *args, **kwargs)
 
@@ -285,12 +319,26 @@ def _after_flush(flushed: Any, scheduler: Any, *args: Any, **kwargs: Any) -> Non
 
 def _before_next_batch(scheduler: Any, *args: Any, **kwargs: Any) -> None:
     """Once per scheduler iteration, on every rank: retire the host copies all ranks finished
-    (``HostTier.poll``) before the batch is chosen."""
+    (``HostTier.poll``) before the batch is chosen. The first time, the cache learns how the
+    scheduler runs (overlap scheduling, its forward stream: ``bind_scheduler``)."""
     from .cache import HybridRadixCache
 
     cache = getattr(scheduler, "tree_cache", None)
     if isinstance(cache, HybridRadixCache):
+        if getattr(cache, "_bound_to", None) is not scheduler:
+            cache.bind_scheduler(scheduler)
+            cache._bound_to = scheduler
         cache.poll()
+
+
+def _after_run_batch(result: Any, scheduler: Any, batch: Any, *args: Any, **kwargs: Any) -> None:
+    """A pass was launched: under overlap scheduling the cache copies the states at its requests'
+    pass ends now, before the next pass is launched (``Publisher.capture_pass_ends``)."""
+    from .cache import HybridRadixCache
+
+    cache = getattr(scheduler, "tree_cache", None)
+    if isinstance(cache, HybridRadixCache) and cache.overlap:
+        cache.capture_pass_ends(batch)
 
 
 def _after_next_batch(plan: Any, scheduler: Any, *args: Any, **kwargs: Any) -> None:
@@ -366,7 +414,7 @@ def build_cache(ctx: Any) -> Any:
 
     sa = ctx.server_args
     _check_hooks()
-    check_server_args(_resolved(sa), resolved=True)
+    check_server_args(_resolved(sa))
     opts = get_options(sa)
     params = ctx.params
     check_kv_pool(params.token_to_kv_pool_allocator.get_kvcache())

@@ -16,9 +16,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..cpu.taps import TAPS_ATTR, TAPS_DONE_ATTR
+from ..cpu.taps import TAPS_ATTR, TAPS_DONE_ATTR, mark_tap_done
 from ..index import BLOCK_TOKENS, CommitKind, Snapshot, SnapshotKind
 from ..store.device import handles_to_slots, slots_to_handle
+from .hints import pins_endpoint
 from .pages import alloc_evicting, free_dropped
 from .request import ATTR, InPassTap, MatchHandle, ReqState, key_for
 
@@ -32,6 +33,15 @@ if TYPE_CHECKING:
 def ceil_to(x: int, m: int) -> int:
     """``x`` rounded up to a multiple of ``m`` (a page)."""
     return -(-x // m) * m
+
+
+def _realised(state: ReqState, due: list[int]) -> tuple[SnapshotKind, int, int]:
+    """A snapshot realising the taps ``due``: Boundary if any is one; the most waiting demand;
+    the origin of the highest-priority one (``TapSource`` values rank by priority; 0: none)."""
+    kind = SnapshotKind.BOUNDARY if any(p in state.boundary for p in due) else SnapshotKind.TAP
+    demand = max((state.demand.get(p, 0) for p in due), default=0)
+    origin = min((o for p in due if (o := state.origin.get(p, 0))), default=0)
+    return kind, demand, origin
 
 
 class Publisher:
@@ -48,6 +58,7 @@ class Publisher:
     _slot_ids: list[int]
     skips: Skips
     taps_in_pass: int  # taps the model worker captured inside a pass (zero-split)
+    overlap: bool  # overlap scheduling: pass ends are captured as the pass runs
     slot_id: Callable[[int], int]  # index snapshot slot -> MambaPool slot
 
     def checkpoint(self, req: Any, *, up_to: int, **kwargs: Any) -> None:
@@ -130,23 +141,24 @@ class Publisher:
     ) -> None:
         """A chunk ended at ``up_to``: take the exact tap there or flexible taps it reached.
 
-        Chunking ends passes on the 64-token grid except at exact cuts, so a frontier inside a
-        block is an exact tap (opener, structural, explicit): its snapshot gets a tail (§5.3).
-        """
-        if up_to in state.taken or (up_to % BLOCK_TOKENS and up_to not in state.cuts):
+        Under overlap scheduling the next batch may already have advanced the live state, so
+        nothing is copied here: the pass's end was captured as it ran (``reserve_inpass``)."""
+        if self.overlap:
             return
-        due = [p for p in (*state.cuts, *state.flexible) if p <= up_to and p not in state.taken]
+        due = state.due_at(up_to)
         if not due:
             return
         state.taken.update(due)
-        kind = SnapshotKind.BOUNDARY if any(p in state.boundary for p in due) else SnapshotKind.TAP
-        demand = max((state.demand.get(p, 0) for p in due), default=0)
-        self._take_snapshot(req, lane, key, row, up_to, kind, demand)
+        kind, demand, origin = _realised(state, due)
+        self._take_snapshot(req, lane, key, row, up_to, kind, demand, origin)
 
     # ---------------------------------------------------------------- in-pass taps
     def reserve_inpass(self, req: Any, start: int, end: int) -> None:
-        """Before the pass [start, end): a staging slot for each tap on its grid, handed to the
-        model worker as ``req.hybrid_state_taps`` (``cpu/taps.py``)."""
+        """Before the pass [start, end): a staging slot for each tap captured as part of it,
+        handed to the model worker as ``req.hybrid_state_taps`` (``cpu/taps.py``): taps on its
+        grid inside it (zero-split) and, under overlap scheduling, the tap at its end, which
+        ``capture_pass_ends`` copies once the pass is launched (spec §7.4; the worker leaves a
+        pair at the pass's end alone)."""
         state: ReqState | None = getattr(req, ATTR, None)
         lock = getattr(req, "lock", None)
         if state is None or lock is None or not state.enabled:
@@ -159,17 +171,53 @@ class Publisher:
         if not self._slot_ids:  # the snapshot slots are not reserved again yet (after a flush)
             return
         for p in state.capturable(start, end):
-            kind = SnapshotKind.BOUNDARY if p in state.boundary else SnapshotKind.TAP
-            demand = state.demand.get(p, 0)
-            slot = self.index.reserve_slot(lane, p, kind, demand)
-            if slot is None:
-                self.skips.note("tap_no_slot", f"{req.rid} at {p}")
-                state.taken.add(p)
-                continue
-            handle.inpass.append(InPassTap(p, slot, kind, demand))
+            kind, demand, origin = _realised(state, [p])
+            self._reserve_staged(req, handle, state, lane, p, kind, demand, origin)
+        if self.overlap:
+            due = state.due_at(end, {t.position for t in handle.inpass})
+            if due:
+                kind, demand, origin = _realised(state, due)
+                self._reserve_staged(req, handle, state, lane, end, kind, demand, origin, due)
         setattr(req, TAPS_ATTR, [(t.position, self.slot_id(t.slot)) for t in handle.inpass])
         setattr(req, TAPS_DONE_ATTR, [])
         self._free_dropped()  # a slot's victim may have left a tail's pages to hand back
+
+    def _reserve_staged(
+        self,
+        req: Any,
+        handle: MatchHandle,
+        state: ReqState,
+        lane: Any,
+        p: int,
+        kind: SnapshotKind,
+        demand: int,
+        origin: int,
+        covers: list[int] | None = None,
+    ) -> None:
+        slot = self.index.reserve_slot(lane, p, kind, demand)
+        if slot is None:
+            self.skips.note("tap_no_slot", f"{req.rid} at {p}")
+            state.taken.update((p, *(covers or ())))
+            return
+        handle.inpass.append(InPassTap(p, slot, kind, demand, tuple(covers or ()), origin))
+
+    def capture_pass_ends(self, batch: Any) -> None:
+        """Right after an extend pass was launched (overlap scheduling): copy each request's live
+        state into the slot reserved for the tap at its pass's end. The copy is ordered after
+        this pass and before the next one (the forward stream, ``DevicePools.stream``); the
+        checkpoint that publishes it may come after the next batch advanced the live state."""
+        if not self.overlap or batch is None or not batch.forward_mode.is_extend():
+            return
+        for req in batch.reqs:
+            taps = getattr(req, TAPS_ATTR, None)
+            lock = getattr(req, "lock", None)
+            if not taps or lock is None or not req.kv.holds_mamba:
+                continue
+            end = req.extend_end
+            for p, slot in taps:
+                if p == end:
+                    self.pools.copy_state(lock.node.slot_of(req), slot)
+                    mark_tap_done(req, p)
 
     def _settle_inpass(
         self,
@@ -190,6 +238,7 @@ class Publisher:
                 self.index.cancel_slot(t.slot, lane, t.position, t.kind)
                 continue
             state.taken.add(t.position)
+            state.taken.update(t.covers)
             tail = None
             if t.position % BLOCK_TOKENS:
                 tail = self._copy_request_tail(row, t.position)
@@ -197,7 +246,10 @@ class Publisher:
                     self.skips.note("tap_no_tail_page", f"{req.rid} at {t.position}")
                     self.index.cancel_slot(t.slot, lane, t.position, t.kind)
                     continue
-            if self._publish_staged(lane, key, t.position, t.slot, t.kind, tail, t.demand):
+            s = self._publish_staged(
+                lane, key, t.position, t.slot, t.kind, tail, t.demand, t.origin
+            )
+            if s is not None and not t.covers:  # captured inside the pass, not at its end
                 self.taps_in_pass += 1
 
     def _cancel_inpass(self, handle: MatchHandle) -> None:
@@ -214,6 +266,7 @@ class Publisher:
         frontier: int,
         kind: SnapshotKind,
         demand: int = 0,
+        origin: int = 0,
     ) -> Snapshot | None:
         if not self._slot_ids:  # the snapshot slots are not reserved again yet (after a flush)
             return None
@@ -229,7 +282,7 @@ class Publisher:
                 self.token_to_kv_pool_allocator.free(tail)
             return None
         self.pools.copy_state(req.lock.node.slot_of(req), self.slot_id(slot))
-        return self._publish_staged(lane, key, frontier, slot, kind, tail, demand)
+        return self._publish_staged(lane, key, frontier, slot, kind, tail, demand, origin)
 
     def _publish_staged(
         self,
@@ -240,6 +293,7 @@ class Publisher:
         kind: SnapshotKind,
         tail: torch.Tensor | None,
         demand: int,
+        origin: int = 0,
     ) -> Snapshot | None:
         """Publish the state staged in ``slot`` (and ``tail``, a cache-owned KV copy)."""
         s = self.index.publish(
@@ -251,6 +305,7 @@ class Publisher:
             tail_device=slots_to_handle(tail) if tail is not None else None,
             tail_device_tokens=0 if tail is None else int(tail.numel()),
             demand=demand,
+            origin=origin,
         )
         if s is None and tail is not None:  # a duplicate: the tail copy stays ours to free
             self.token_to_kv_pool_allocator.free(tail)
@@ -282,14 +337,17 @@ class Publisher:
         f = up_to
         live = req.kv.kv_committed_len
         took_slot = False
+        # A checkpoint request (``POST /hybrid/checkpoint``) wants its endpoint wherever it ends;
+        # others only at least a block past the deepest state below (§7.7).
+        gap = 1 if pins_endpoint(req) else BLOCK_TOKENS
         # The live state sits after every committed token; a stop that trims the output leaves
         # it ahead of the KV the request keeps, and then there is no exact endpoint to publish.
         if (
             lane.enabled
             and self._slot_ids
             and f == live
-            and f >= BLOCK_TOKENS
-            and f - self._deepest(lane, f) >= 64
+            and f >= gap
+            and f - self._deepest(lane, f) >= gap
         ):
             slot = self.index.reserve_slot(lane, f, SnapshotKind.ENDPOINT)
             if slot is not None:

@@ -22,13 +22,17 @@ ATTR = "hybrid"
 
 
 class InPassTap(NamedTuple):
-    """A tap the model worker captures inside the next pass (``--hybrid-tap-mode zero-split``):
-    the snapshot slot reserved for it before the forward, published at the pass's checkpoint."""
+    """A tap captured as part of the next pass: the snapshot slot reserved for it before the
+    forward, published at the pass's checkpoint. Inside the pass the model worker captures it
+    (``--hybrid-tap-mode zero-split``); at the pass's end, under overlap scheduling, the cache
+    copies the live state right after the pass is launched (``Publisher.capture_pass_ends``)."""
 
     position: int
     slot: int  # index snapshot slot (staging)
     kind: SnapshotKind
     demand: int
+    covers: tuple[int, ...] = ()  # a pass-end tap: the planned taps it realises (taken with it)
+    origin: int = 0  # why it was planned (``TapSource``; 0: not planned)
 
 
 @dataclass(slots=True, eq=False)
@@ -66,6 +70,7 @@ class ReqState:
     flexible: list[int] = field(default_factory=list)  # taken where a pass ends at or after
     boundary: set[int] = field(default_factory=set)  # positions published as Boundary
     demand: dict[int, int] = field(default_factory=dict)  # position -> requests waiting for it
+    origin: dict[int, int] = field(default_factory=dict)  # position -> its ``TapSource`` value
     taken: set[int] = field(default_factory=set)
     capture_grid: int = 0  # zero-split: taps on the pass's grid of this many tokens (0: split)
     best_frontier: int = 0  # the deepest state any tier held at the last match
@@ -86,6 +91,19 @@ class ReqState:
             if p > after and not (g and (p - after) % g == 0):
                 return p
         return None
+
+    def due_at(self, end: int, excluded: set[int] | frozenset[int] = frozenset()) -> list[int]:
+        """The taps a pass ending at ``end`` realises with one snapshot there: passes end on the
+        64-token grid except at exact cuts, so a frontier inside a block must be a cut (its
+        snapshot gets a tail, §5.3); every planned tap at or below ``end`` not taken yet (nor
+        ``excluded``: captured inside the same pass) is realised there."""
+        if end in self.taken or (end % BLOCK_TOKENS and end not in self.cuts):
+            return []
+        return [
+            p
+            for p in (*self.cuts, *self.flexible)
+            if p <= end and p not in self.taken and p not in excluded
+        ]
 
     def capturable(self, start: int, end: int) -> list[int]:
         """Taps due strictly inside the pass [start, end) that the worker can capture there:

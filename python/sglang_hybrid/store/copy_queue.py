@@ -59,6 +59,11 @@ class CopyQueue(ABC):
     @abstractmethod
     def __len__(self) -> int: ...
 
+    def order_after(self, stream: Any) -> None:
+        """Operations issued from now on also wait (on the device) for the work queued on
+        ``stream`` when they are issued; only the CUDA queue has device work to order."""
+        return None
+
     def close(self) -> None:
         return None
 
@@ -147,9 +152,16 @@ class StreamQueue(CopyQueue):
         self.device = device
         self.stream = torch.cuda.Stream(device=device)
         self._ops: deque[tuple[Any, int | BaseException]] = deque()
+        self._after: list[Any] = []  # more compute streams (overlap: SGLang's forward stream)
+
+    def order_after(self, stream: Any) -> None:
+        if stream not in self._after:
+            self._after.append(stream)
 
     def issue(self, op: Issue) -> None:
         self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        for s in self._after:
+            self.stream.wait_stream(s)
         result: int | BaseException
         with torch.cuda.stream(self.stream):
             try:

@@ -8,6 +8,7 @@ slots; it decides nothing.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable
 
 import numpy as np
@@ -39,6 +40,14 @@ class DevicePools:
         self.kv_pool = kv_pool
         self.mamba_pool = mamba_pool
         self.device = device
+        # The CUDA stream the copies are enqueued on (None: the current one). Under overlap
+        # scheduling it is SGLang's forward stream, which orders them between passes.
+        self.stream: torch.cuda.Stream | None = None
+
+    def _on_stream(self) -> contextlib.AbstractContextManager[object]:
+        if self.stream is None:
+            return contextlib.nullcontext()
+        return torch.cuda.stream(self.stream)
 
     @property
     def kv_buffers(self) -> list[torch.Tensor]:
@@ -54,9 +63,10 @@ class DevicePools:
         """
         if not dst.numel():
             return
-        dst, src = dst.to(self.device, torch.int64), src.to(self.device, torch.int64)
-        for buf in self.kv_buffers:
-            buf.index_copy_(0, dst, buf.index_select(0, src))
+        with self._on_stream():
+            dst, src = dst.to(self.device, torch.int64), src.to(self.device, torch.int64)
+            for buf in self.kv_buffers:
+                buf.index_copy_(0, dst, buf.index_select(0, src))
 
     def copy_state(self, src_slot: int, dst_slot: int) -> None:
         """Conv and recurrent state of every linear layer, MambaPool slot -> slot.
@@ -66,16 +76,17 @@ class DevicePools:
         ``copy_from``, which knows them; on the CPU that path costs ~15 ms per call.
         """
         pool = self.mamba_pool
-        if getattr(pool, "replayssm_write_pos", None) is not None or getattr(
-            pool, "_slot_siblings", None
-        ):
-            idx = torch.tensor([src_slot], dtype=torch.int64, device=self.device)
-            dst = torch.tensor([dst_slot], dtype=torch.int64, device=self.device)
-            pool.copy_from(idx, dst)
-            return
-        cache = pool.mamba_cache
-        for t in (*cache.conv, cache.temporal):
-            t[:, dst_slot] = t[:, src_slot]
+        with self._on_stream():
+            if getattr(pool, "replayssm_write_pos", None) is not None or getattr(
+                pool, "_slot_siblings", None
+            ):
+                idx = torch.tensor([src_slot], dtype=torch.int64, device=self.device)
+                dst = torch.tensor([dst_slot], dtype=torch.int64, device=self.device)
+                pool.copy_from(idx, dst)
+                return
+            cache = pool.mamba_cache
+            for t in (*cache.conv, cache.temporal):
+                t[:, dst_slot] = t[:, src_slot]
 
     def state_bytes(self) -> int:
         """Bytes of one MambaPool slot: the snapshot image size."""

@@ -1,0 +1,202 @@
+"""Where a cut keeps reuse: the boundary query, answered by each scheduler's cache (issue #16).
+
+Requests travel SGLang's own control path. The HTTP routes (``http_api.py``) send a
+``DumperControlReqInput(method="hybrid.<op>", body)`` through the tokenizer manager; SGLang hands
+every control request to every TP rank's scheduler in the same order, and AROUND
+``Scheduler.handle_dumper_control`` each answers ``hybrid.*`` methods from its own cache (other
+methods go to SGLang's dumper as before). Rank zero of each DP group sends the reply. TP ranks
+decide identically (``ranks.py``), so that reply says what every rank of its group holds. Reusing
+that request type needs no new message class in any process; its body and reply are JSON-native.
+
+Methods:
+
+- ``hybrid.boundaries`` ``{"input_ids": [...], "cut": int | None, "snap_tolerance": int,
+  "extra_key": str | None, "cache_salt": str | None}``: the resume points on the prompt's path
+  and, for ``cut``, where the cut lands (``index.resume_points``). Read-only.
+- ``hybrid.slots`` ``{"limit": int, "rid": str | None}``: llama.cpp's slots, here the sequences
+  the cache saw finish most recently (``Recent``), each with the resume points on its path.
+
+A bad body answers ``success=False`` with the reason; nothing here can stop the scheduler.
+"""
+
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+
+from ..index import PromptKey, SnapshotKind, TapSource
+from ..index.resume_points import ResumePoint, place_cut, resume_points
+from .request import namespace_of, token_bytes
+
+logger = logging.getLogger(__name__)
+
+PREFIX = "hybrid."
+BOUNDARIES = "hybrid.boundaries"
+SLOTS = "hybrid.slots"
+DEFAULT_SNAP_TOLERANCE = 512  # shared/spec/cache-coherence.md: the harness's default
+
+_ORIGIN = {
+    TapSource.EXPLICIT: "explicit",
+    TapSource.BRANCH: "branch",
+    TapSource.OPENER: "opener",
+    TapSource.STRUCTURAL: "structural",
+    TapSource.AUTOMATIC: "structural",  # protocol-automatic markers plan like structural ones
+    TapSource.TAIL: "tail",
+    TapSource.LADDER: "ladder",
+}
+
+
+class QueryError(ValueError):
+    """A request the cache cannot answer; its message goes back to the client."""
+
+
+class Recent:
+    """The keys of the sequences released most recently (prompt and output), newest last: what
+    ``GET /slots`` shows as slots. Bounded in entries and in tokens (a key holds 4 B a token);
+    a retry or the next turn of the same request id replaces its entry."""
+
+    def __init__(self, entries: int = 64, tokens: int = 1 << 22) -> None:
+        self.entries = entries
+        self.tokens = tokens
+        self._keys: dict[str, PromptKey] = {}  # insertion order: oldest first
+        self._held = 0
+
+    def add(self, rid: str, key: PromptKey) -> None:
+        old = self._keys.pop(rid, None)
+        if old is not None:
+            self._held -= old.n
+        self._keys[rid] = key
+        self._held += key.n
+        while len(self._keys) > self.entries or (self._held > self.tokens and len(self._keys) > 1):
+            first = next(iter(self._keys))
+            self._held -= self._keys.pop(first).n
+
+    def newest(self, limit: int) -> list[tuple[str, PromptKey]]:
+        items = list(self._keys.items())
+        return items[::-1][: max(0, limit)]
+
+    def get(self, rid: str) -> PromptKey | None:
+        return self._keys.get(rid)
+
+
+def around_dumper_control(orig: Any, scheduler: Any, recv_req: Any, *args: Any, **kw: Any) -> Any:
+    """AROUND ``Scheduler.handle_dumper_control``: ``hybrid.*`` methods are ours."""
+    method = getattr(recv_req, "method", None)
+    if not isinstance(method, str) or not method.startswith(PREFIX):
+        return orig(scheduler, recv_req, *args, **kw)
+    from sglang.srt.managers.io_struct import DumperControlReqOutput
+
+    try:
+        answer = handle(scheduler.tree_cache, method, dict(recv_req.body or {}))
+    except QueryError as exc:
+        return DumperControlReqOutput(success=False, response=[], error=str(exc))
+    except Exception as exc:  # a bug here must not take the scheduler down
+        logger.exception("hybrid control request %s failed", method)
+        return DumperControlReqOutput(success=False, response=[], error=f"internal error: {exc}")
+    return DumperControlReqOutput(success=True, response=[answer])
+
+
+def handle(cache: Any, method: str, body: dict[str, Any]) -> dict[str, Any]:
+    from .cache import HybridRadixCache
+
+    if not isinstance(cache, HybridRadixCache) or cache.disable:
+        raise QueryError("this server does not run --radix-cache hybrid with caching enabled")
+    if method == BOUNDARIES:
+        return boundaries(cache, body)
+    if method == SLOTS:
+        return slots(cache, body)
+    raise QueryError(f"unknown method {method!r}")
+
+
+def slots(cache: Any, body: dict[str, Any]) -> dict[str, Any]:
+    limit = body.get("limit") or 16
+    if not _is_int(limit) or limit < 1:
+        raise QueryError(f"limit must be a positive integer, got {limit!r}")
+    rid = body.get("rid")
+    if rid is not None:
+        key = cache.recent.get(str(rid))
+        if key is None:
+            raise QueryError(f"no recent sequence of request {rid!r}")
+        chosen = [(str(rid), key)]
+    else:
+        chosen = cache.recent.newest(limit)
+    out = []
+    for i, (r, key) in enumerate(chosen):
+        points = resume_points(cache.index.tree, key)
+        out.append(
+            {
+                "id": i,
+                "rid": r,
+                "n_past": key.n,
+                "checkpoints": [_point(p) for p in points],
+                "checkpoint_state": "full",
+            }
+        )
+    return {"slots": out}
+
+
+def boundaries(cache: Any, body: dict[str, Any]) -> dict[str, Any]:
+    ids = _ids(body.get("input_ids"))
+    cut = body.get("cut")
+    if cut is not None and (not _is_int(cut) or not 0 <= cut <= len(ids)):
+        raise QueryError(f"cut must be a token position in [0, {len(ids)}], got {cut!r}")
+    tolerance = body.get("snap_tolerance", DEFAULT_SNAP_TOLERANCE)
+    if not _is_int(tolerance) or tolerance < 0:
+        raise QueryError(f"snap_tolerance must be a non-negative integer, got {tolerance!r}")
+    namespace = namespace_of(
+        SimpleNamespace(extra_key=body.get("extra_key"), cache_salt=body.get("cache_salt"))
+    )
+    key = PromptKey(token_bytes(ids), namespace=namespace)
+    points = resume_points(cache.index.tree, key)
+    deepest = points[-1] if points else None
+    on_device = [p for p in points if p.tier == "device"]
+    out: dict[str, Any] = {
+        "prompt_tokens": len(ids),
+        "reusable_now": {
+            "tokens": deepest.position if deepest else 0,
+            "tier": deepest.tier if deepest else None,
+            "device_tokens": on_device[-1].position if on_device else 0,
+        },
+        "checkpoints": [_point(p) for p in points],
+        "block_tokens": 64,
+    }
+    if cut is not None:
+        placed = place_cut(points, cut, tolerance)
+        out["cut"] = {
+            "position": cut,
+            "snap_tolerance": tolerance,
+            "verdict": placed.verdict,
+            "delta": placed.delta,
+            "retained_prefix_tokens": placed.retained_prefix_tokens,
+            "reason": placed.reason,
+        }
+    return out
+
+
+def _point(p: ResumePoint) -> dict[str, Any]:
+    s = p.snapshot
+    if s.kind is SnapshotKind.ENDPOINT:
+        kind = "endpoint"
+    elif s.origin:
+        kind = _ORIGIN.get(TapSource(s.origin), "tap")
+    else:
+        kind = "boundary" if s.kind is SnapshotKind.BOUNDARY else "tap"
+    return {"position": p.position, "kind": kind, "tier": p.tier, "full_state": True}
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _ids(raw: Any) -> np.ndarray:
+    """The prompt as int64 ids, checked without a Python loop (this runs on the scheduler's
+    thread; the HTTP route has already checked each id and said which one was wrong)."""
+    if not isinstance(raw, list) or not raw:
+        raise QueryError("input_ids must be a non-empty list of token ids")
+    arr = np.asarray(raw)
+    if arr.ndim != 1 or arr.dtype.kind not in "iu" or arr.min() < 0 or arr.max() >= 1 << 31:
+        raise QueryError("input_ids must be token ids (integers in [0, 2**31))")
+    return arr.astype(np.int64)

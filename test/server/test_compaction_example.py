@@ -1,0 +1,42 @@
+"""``examples/compaction.py`` against the CPU server: every verdict, and for each the next
+request's ``cached_tokens`` equals the ``retained_prefix_tokens`` the server reported (#16)."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+from pathlib import Path
+
+from sglang_hybrid.client import ClientError, HybridClient
+from sglang_hybrid.cpu.server import CpuServer
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _example():
+    spec = importlib.util.spec_from_file_location("compaction", ROOT / "examples/compaction.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_every_verdict_reuses_what_was_reported(hybrid_server: CpuServer) -> None:
+    out = io.StringIO()
+    records = _example().run(HybridClient(hybrid_server.url), seed=3, out=out)
+    print("\n" + out.getvalue())
+    verdicts = [r["verdict"] for r in records]
+    assert verdicts == ["aligned", "snapped", "partial-reuse", "full-re-prefill"], out.getvalue()
+    for r in records:
+        assert r["cached_tokens"] == r["retained_prefix_tokens"], r
+    assert records[0]["retained_prefix_tokens"] == records[0]["proposal"]  # aligned: Δ0
+    assert records[-1]["retained_prefix_tokens"] == 0
+
+
+def test_the_client_raises_the_servers_reason(hybrid_server: CpuServer) -> None:
+    c = HybridClient(hybrid_server.url)
+    try:
+        c.boundaries(input_ids=[1, 2], cut=9)
+        raise AssertionError("a cut past the prompt was accepted")
+    except ClientError as e:
+        assert e.status == 400 and "cut must be a token position" in e.message
