@@ -104,3 +104,15 @@ def test_the_hybrid_host_tier_restores_in_modelled_bytes(small_agent_trace, qwen
     for rec in res.records:
         if rec.recompute_tokens == 0:
             assert rec.cached_tokens + rec.prefill_tokens == rec.prompt_tokens
+
+
+def test_overlap_scheduling_replays_the_same_requests(small_agent_trace, qwen3_next_dir):
+    """``--overlap``: SGLang's overlap loop for hybrid (and extra_buffer); every request finishes,
+    outputs follow their scripts (the driver checks), and the reuse stays what it is without."""
+    part = first(small_agent_trace, 40)
+    normal = replay(part, "hybrid", settings(qwen3_next_dir))
+    overlap = replay(part, "hybrid", settings(qwen3_next_dir, overlap=True))
+    assert all(r.finish_s is not None for r in overlap.records) and overlap.notes == []
+    a, b = normal.summary(), overlap.summary()
+    print(f"\nreused: normal {a.reused_tokens}, overlap {b.reused_tokens}")
+    assert b.reused_tokens >= 0.9 * a.reused_tokens

@@ -13,7 +13,8 @@ Contract:
 - ``submit`` hands a ``TokenizedGenerateReqInput`` to the Scheduler's own dispatcher
   (``process_input_requests``) and then sets ``extra_req_attrs`` on the created ``Req`` (e.g.
   ``hybrid_state_taps``). ``abort`` sends an ``AbortReq`` the same way.
-- ``step`` is one iteration of ``Scheduler.event_loop_normal`` without the ZMQ receive:
+- ``step`` is one iteration of ``Scheduler.event_loop_normal`` (or ``event_loop_overlap``, below)
+  without the ZMQ receive:
   ``get_next_batch_to_run`` -> ``run_batch`` -> ``process_batch_result``, or ``on_idle`` when
   there is nothing to run (skippable with ``idle_check=False``). It returns the batch it ran,
   or None.
@@ -27,7 +28,10 @@ Contract:
 - ``close`` (or leaving a ``with`` block) releases the Scheduler's sockets and SGLang's process
   groups; SGLang builds those once per process, so a second ``InProcessScheduler`` in the same
   process needs the first one closed.
-- Only the normal (non-overlap) loop is driven, and only with ``skip_tokenizer_init``.
+- With ``disable_overlap_schedule=False`` each ``step`` is one iteration of
+  ``event_loop_overlap`` instead (the next batch is scheduled and run before the previous batch's
+  results are processed; on the CPU a launch runs to completion). ``processed`` is the batch
+  whose results the last step processed. Only with ``skip_tokenizer_init``.
 - ``device="cuda"`` (a ServerArgs override) builds SGLang's pools on the GPU and runs every
   step inside the Scheduler's schedule stream, as ``run_event_loop`` does on CUDA; the model
   worker then computes on the GPU in ``dtype`` (the GPU check, ``benchmark/gpu/``).
@@ -107,6 +111,9 @@ class InProcessScheduler:
             raise
         self._closed = False
         self.overlap = bool(self.scheduler.enable_overlap)
+        # The batch whose results the last step processed: the batch it ran, or with overlap
+        # scheduling the one before (None: no result was processed).
+        self.processed: Any = None
         self._prepare_loop()
         self.sink = OutputSink()
         # Nobody listens on the ZMQ peers: every reply the scheduler sends lands in the sink.
@@ -253,10 +260,12 @@ class InProcessScheduler:
         s.running_batch = plan.running_batch
         batch = plan.batch_to_run
         s.cur_batch_for_debug = batch
+        self.processed = None
         if batch:
             with torch.no_grad():
                 result = s.run_batch(batch)
             s.process_batch_result(batch, result)
+            self.processed = batch
         else:
             s._sched_idled = True
             if idle_check:
@@ -276,9 +285,12 @@ class InProcessScheduler:
 
         s = self.scheduler
 
+        self.processed = None
+
         def pop_and_process() -> None:
             done, result = s.result_queue.popleft()
             s.process_batch_result(done, result)
+            self.processed = done
 
         plan = s.get_next_batch_to_run(running_batch=s.running_batch, last_batch=s.last_batch)
         s.running_batch = plan.running_batch

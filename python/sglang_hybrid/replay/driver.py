@@ -256,11 +256,12 @@ class _Run:
             self.result.notes.append(f"{rid} rejected: {e}")
             self._finished(rid)
 
-    def _finished(self, rid: str) -> None:
+    def _finished(self, rid: str, at: float | None = None) -> None:
+        at = self.now if at is None else at
         rec = self.records[rid]
-        rec.finish_s = self.now
+        rec.finish_s = at
         if rec.first_token_s is None:
-            rec.first_token_s = self.now
+            rec.first_token_s = at
         out = self.sched.results().get(rid)
         if out is not None:
             rec.cached_tokens = out.cached_tokens
@@ -276,10 +277,10 @@ class _Run:
         self.worker.forget(rid)
         for dep in self.waiting_on.pop(rid, ()):
             self.deps_left[dep] -= 1
-            self.deps_done_at[dep] = max(self.deps_done_at.get(dep, 0.0), self.now)
+            self.deps_done_at[dep] = max(self.deps_done_at.get(dep, 0.0), at)
             if self.deps_left[dep] == 0:
-                at = self.deps_done_at.pop(dep) + self.by_rid[dep].delay_s
-                heapq.heappush(self.releases, (at, self.order[dep], dep))
+                release = self.deps_done_at.pop(dep) + self.by_rid[dep].delay_s
+                heapq.heappush(self.releases, (release, self.order[dep], dep))
 
     # ------------------------------------------------------------------ loop
     def run(self) -> ReplayResult:
@@ -323,6 +324,7 @@ class _Run:
                     return
                 self.now = max(self.now, self.releases[0][0])
                 continue
+            before = self.now
             batch = s.step(idle_check=False)
             total = host_bytes_restored(s.tree_cache, self.clock.geometry)
             h2d, self.restored = total - self.restored, total
@@ -332,6 +334,21 @@ class _Run:
             self.now += sum(seconds) + restore_s
             self._count(works, seconds, restore_s)
             works.clear()
+            # Outputs come from the batch whose results this step processed. With overlap
+            # scheduling that is the previous one (also when this step launched nothing), which
+            # ended before this step's pass: on a GPU its results are processed while it runs.
+            processed = s.processed
+            at = before if s.overlap else self.now
+            done = 0
+            for req in processed.reqs if processed is not None else ():
+                rec = self.records[req.rid]
+                if rec.first_token_s is None and req.output_ids:
+                    rec.first_token_s = at
+                if req.finished() and rec.finish_s is None:
+                    self._finished(req.rid, at)
+                    done += 1
+            if bar is not None and done:
+                bar.advance(done, self.now)
             if batch is None:
                 idle += 1
                 if idle > _MAX_IDLE_ITERATIONS:
@@ -341,16 +358,6 @@ class _Run:
                     )
                 continue
             idle = 0
-            done = 0
-            for req in batch.reqs:
-                rec = self.records[req.rid]
-                if rec.first_token_s is None and req.output_ids:
-                    rec.first_token_s = self.now
-                if req.finished() and rec.finish_s is None:
-                    self._finished(req.rid)
-                    done += 1
-            if bar is not None:
-                bar.advance(done, self.now)
 
     def _after_warmup(self) -> None:
         """Record what the warm-up was and left behind; zero the counters the trace reports."""

@@ -26,6 +26,7 @@ The index decides; SGLang's pools hold the bytes. How SGLang's calls map onto th
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import torch
@@ -60,6 +61,7 @@ from .flags import HybridOptions
 from .hints import tap_hints
 from .host_tier import HostTier
 from .load_back import LoadBack
+from .metrics import CacheMetrics
 from .pages import alloc_evicting
 from .publish import Publisher, ceil_to
 from .ranks import RankCheck
@@ -120,8 +122,11 @@ class HybridRadixCache(LoadBack, Publisher, BasePrefixCache):
         self._free_next_poll: list[torch.Tensor] = []  # restore staging slots (MambaPool)
         self.index = self._new_index()
         self._reserve_slots(strict=True)
-        if getattr(params, "enable_metrics", False):
+        self.metrics: CacheMetrics | None = None  # --enable-metrics (metrics.py)
+        if getattr(params, "enable_metrics", False) and not self.disable:
             self.init_metrics_collector()
+            labels = getattr(self.metrics_collector, "labels", None) or {}
+            self.metrics = CacheMetrics(labels)
 
     def _new_index(self) -> PrefixIndex:
         index = PrefixIndex(
@@ -469,6 +474,8 @@ class HybridRadixCache(LoadBack, Publisher, BasePrefixCache):
         state: ReqState | None = getattr(req, ATTR, None)
         if checkpointed and state is not None and state.enabled:
             self.recent.add(req.rid, state.key)  # GET /slots (boundaries.py)
+        if self.metrics is not None:
+            self.metrics.on_release(self)
         if not checkpointed:
             self._free_state_slot(req)
 
@@ -476,11 +483,13 @@ class HybridRadixCache(LoadBack, Publisher, BasePrefixCache):
     def evict(self, params: EvictParams) -> EvictResult:
         if self.disable or params.num_tokens <= 0:
             return EvictResult()
+        start = time.perf_counter()  # SGLang's eviction-time metric only, never a decision
         freed = self.index.evict_device(params.num_tokens)
         if freed < params.num_tokens and self.host is not None and self.host.shed():
             # Write-through waiting for the bound pins its blocks; a decode never waits for it.
             freed += self.index.evict_device(params.num_tokens - freed)
         self._free_dropped()
+        self.update_eviction_metrics(freed, start)
         return EvictResult(num_tokens_evicted=freed)
 
     # ================================================================ diagnostics

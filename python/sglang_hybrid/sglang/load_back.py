@@ -39,6 +39,7 @@ class LoadBack:
     mamba_allocator: Any
     token_to_kv_pool_allocator: Any
     _free_next_poll: list[torch.Tensor]
+    metrics_collector: Any  # SGLang's radix-cache collector (None without --enable-metrics)
     slot_id: Callable[[int], int]
     _close: Callable[[MatchHandle], None]
     _free_dropped: Callable[[], None]
@@ -126,6 +127,8 @@ class LoadBack:
                 state.restored_bytes += pending.nbytes
                 state.restored_tokens += pending.tokens
                 pending.counted = True
+                if self.metrics_collector is not None:  # SGLang's load-back counter
+                    self.metrics_collector.increment_load_back_num_tokens(pending.tokens, "kv")
             return pending
         state.restore, state.no_host = None, True
         self._end_restore(req.rid, pending)

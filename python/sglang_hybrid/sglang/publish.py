@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from ..index import PrefixIndex
     from ..store.device import DevicePools
     from .host_tier import HostTier
+    from .metrics import CacheMetrics
     from .skips import Skips
 
 
@@ -59,6 +60,7 @@ class Publisher:
     skips: Skips
     taps_in_pass: int  # taps the model worker captured inside a pass (zero-split)
     overlap: bool  # overlap scheduling: pass ends are captured as the pass runs
+    metrics: CacheMetrics | None  # --enable-metrics
     slot_id: Callable[[int], int]  # index snapshot slot -> MambaPool slot
 
     def checkpoint(self, req: Any, *, up_to: int, **kwargs: Any) -> None:
@@ -99,6 +101,11 @@ class Publisher:
             if missed > 0:  # a tier held a deeper state than this request resumed from
                 self.skips.note("recomputed_held", f"{req.rid}: {missed} tokens")
                 self.skips.recomputed_tokens += missed
+            if self.metrics is not None:  # the hit is final once the first pass has run
+                host = min(state.restored_tokens, handle.prefix_len)
+                self.metrics.count_prompt(
+                    handle.prefix_len - host, host, max(0, state.n_prompt - handle.prefix_len)
+                )
         row = self.req_to_token_pool.req_to_token[req.kv.req_pool_idx]
         key = key_for(state, req.full_untruncated_fill_ids, up_to)
         self._commit(lane, key, row, up_to)
