@@ -32,6 +32,7 @@ class Checkpoint(NamedTuple):
     kind: str  # endpoint / opener / structural / explicit / ladder / branch / tail / tap
     tier: str  # device / host
     full_state: bool
+    durable: bool  # pinned in the host tier until released
 
 
 class Cut(NamedTuple):
@@ -90,10 +91,29 @@ class HybridClient:
         input_ids: list[int] | None = None,
         text: str | None = None,
         messages: list[dict[str, Any]] | None = None,
+        durable: bool = False,
+        ttl_s: float | None = None,
     ) -> tuple[Checkpoint, int]:
-        """Make sure a state exists at the prefix's end; (that checkpoint, tokens computed)."""
-        got = self._call("POST", "/hybrid/checkpoint", _prompt(input_ids, text, messages))
+        """Make sure a state exists at the prefix's end (``durable``: and keep it in the host
+        tier until :meth:`release` or ``ttl_s``); (that checkpoint, tokens computed)."""
+        body = _prompt(input_ids, text, messages)
+        if durable:
+            body["durable"] = True
+        if ttl_s is not None:
+            body["ttl_s"] = ttl_s
+        got = self._call("POST", "/hybrid/checkpoint", body)
         return _checkpoint(got["checkpoint"]), int(got["computed_tokens"])
+
+    def release(
+        self,
+        *,
+        input_ids: list[int] | None = None,
+        text: str | None = None,
+        messages: list[dict[str, Any]] | None = None,
+    ) -> Checkpoint:
+        """A durable checkpoint goes back to ordinary retention."""
+        got = self._call("DELETE", "/hybrid/checkpoint", _prompt(input_ids, text, messages))
+        return _checkpoint(got["checkpoint"])
 
     def props(self) -> dict[str, Any]:
         return self._call("GET", "/props")
@@ -146,4 +166,6 @@ def _prompt(
 
 
 def _checkpoint(x: dict[str, Any]) -> Checkpoint:
-    return Checkpoint(x["position"], x["kind"], x["tier"], bool(x["full_state"]))
+    return Checkpoint(
+        x["position"], x["kind"], x["tier"], bool(x["full_state"]), bool(x.get("durable"))
+    )

@@ -28,6 +28,20 @@ def _get(server: CpuServer, path: str) -> tuple[int, object]:
         return e.code, json.loads(e.read())
 
 
+def _request(server: CpuServer, method: str, path: str, body: object) -> tuple[int, dict]:
+    req = urllib.request.Request(
+        f"{server.url}{path}",
+        data=json.dumps(body).encode(),
+        method=method,
+        headers={"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
 def _kinds(reply: dict) -> dict[int, str]:
     return {c["position"]: c["kind"] for c in reply["checkpoints"]}
 
@@ -166,10 +180,16 @@ def test_a_checkpoint_is_pinned_at_the_prefix_end(hybrid_server: CpuServer) -> N
     assert status == 200 and again["computed_tokens"] == 0, again
     nxt = generate(hybrid_server, prefix + toks(32, 10), max_new=2)
     assert nxt["meta_info"]["cached_tokens"] == 300
-    status, refused = hybrid_server.post_json(
-        "/hybrid/checkpoint", {"input_ids": prefix, "durable": True}
+    status, durable = hybrid_server.post_json(
+        "/hybrid/checkpoint", {"input_ids": prefix, "durable": True, "ttl_s": 600}
     )
-    assert status == 400 and "durable" in refused["error"]
+    assert status == 200 and durable["checkpoint"]["durable"], durable
+    status, bad = hybrid_server.post_json("/hybrid/checkpoint", {"input_ids": prefix, "ttl_s": 5})
+    assert status == 400 and "ttl_s" in bad["error"]
+    status, released = _request(
+        hybrid_server, "DELETE", "/hybrid/checkpoint", {"input_ids": prefix}
+    )
+    assert status == 200 and not released["checkpoint"]["durable"], released
 
 
 def test_llama_cpp_discovery(hybrid_server: CpuServer) -> None:

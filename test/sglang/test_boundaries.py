@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from sglang_hybrid.sglang.boundaries import BOUNDARIES, SLOTS
+from sglang_hybrid.sglang.boundaries import BOUNDARIES, PIN, SLOTS, UNPIN
 from sglang_hybrid.sglang.hints import checkpoint_envelope
 
 
@@ -115,3 +115,39 @@ def test_slots_are_the_sequences_finished_last(build) -> None:
     assert [s["rid"] for s in one] == ["s0"]
     missing = ask(h, SLOTS, {"rid": "nope"})
     assert not missing.success and "no recent sequence" in missing.error
+
+
+def test_a_durable_checkpoint_survives_host_pressure(build) -> None:
+    """Pinned durable, the checkpoint outlives a host tier under constant eviction (GDSF and
+    superseded-first skip it) and a device flush; released, it is ordinary again."""
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
+    h = build(chunk=256, total=4096, running=2, mamba=10, opts={"host_cache_mib": 4})
+    a = _prompt(20, 300)
+    h.run(a, max_new=1, kv_hints=checkpoint_envelope())  # its host copies land before idle
+    pinned = ask(h, PIN, {"input_ids": a})
+    assert pinned.success, pinned.error
+    assert pinned.response[0]["position"] == 300 and pinned.response[0]["durable"]
+    convs = [_prompt(30 + i, 250) for i in range(5)]
+    for _ in range(3):
+        for i, c in enumerate(convs):
+            convs[i] = c + list(h.run(c, max_new=60).output_ids) + _prompt(40 + i, 20)
+    stats = h.cache.index.stats
+    assert stats.host_gdsf_evicted + stats.host_superseded_evicted > 0, stats
+    h.cache.evict(EvictParams(num_tokens=1 << 30))  # nothing left on the device but pins
+    got = ask(h, BOUNDARIES, {"input_ids": a}).response[0]["checkpoints"]
+    assert got[-1]["position"] == 300 and got[-1]["durable"], got
+    r = h.run(a + _prompt(50, 20), max_new=2)  # restored from the host, exactly
+    assert r.cached_tokens == 300
+    released = ask(h, UNPIN, {"input_ids": a})
+    assert released.success and not released.response[0]["durable"]
+
+
+def test_durable_needs_the_host_tier_and_a_checkpoint(build) -> None:
+    h = build()
+    a = _prompt(60, 200)
+    missing = ask(h, PIN, {"input_ids": a})
+    assert not missing.success and "no checkpoint at 200" in missing.error
+    h.run(a, max_new=1, kv_hints=checkpoint_envelope())
+    off = ask(h, PIN, {"input_ids": a})
+    assert not off.success and "host tier, which is off" in off.error

@@ -10,7 +10,7 @@ To free slabs:
 
 An image write bounds step 3 with its own priority: GDSF never inserts what it would evict next,
 so when the victim is worth more the write is refused and the new snapshot stays device-only
-(§9.2). KV block writes are not bounded. Pinned or filling objects are never touched.
+(§9.2). KV block writes are not bounded. Pinned, durable or filling objects are never touched.
 """
 
 from __future__ import annotations
@@ -56,6 +56,7 @@ def make_room(index: PrefixIndex, k: int, *, bound: float | None = None) -> bool
 def _evictable(s: Snapshot) -> bool:
     return (
         s.restore_pins == 0
+        and not s.durable  # a client's durable checkpoint (``durable.py``)
         and s.host_state is not R.FILLING
         and s.tail_host_state is not R.FILLING
         and (s.host_state is R.RESIDENT or s.tail_host_state is R.RESIDENT)

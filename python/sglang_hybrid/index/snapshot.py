@@ -45,6 +45,7 @@ class Snapshot:
     tail_host_slab: int = -1
     tail_host_state: Residency = Residency.ABSENT
     restore_pins: int = 0  # copies reading this snapshot (COW into a lane, restore, write)
+    durable: bool = False  # pinned by a client: exempt from host eviction (``durable.py``)
     superseded: bool = False
     superseded_tick: int = 0
     # An endpoint of a request that resumed from an endpoint: the id of its prompt's last tap,

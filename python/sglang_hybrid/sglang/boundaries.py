@@ -15,6 +15,8 @@ Methods:
   and, for ``cut``, where the cut lands (``index.resume_points``). Read-only.
 - ``hybrid.slots`` ``{"limit": int, "rid": str | None}``: llama.cpp's slots, here the sequences
   the cache saw finish most recently (``Recent``), each with the resume points on its path.
+- ``hybrid.pin`` / ``hybrid.unpin`` ``{"input_ids": [...], ...}``: make the snapshot at the
+  prompt's end durable in the host tier, or release it (``index/durable.py``).
 
 A bad body answers ``success=False`` with the reason; nothing here can stop the scheduler.
 """
@@ -28,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from ..index import PromptKey, SnapshotKind, TapSource
+from ..index.durable import set_durable, why_not_pinnable
 from ..index.resume_points import ResumePoint, place_cut, resume_points
 from .request import namespace_of, token_bytes
 
@@ -36,6 +39,8 @@ logger = logging.getLogger(__name__)
 PREFIX = "hybrid."
 BOUNDARIES = "hybrid.boundaries"
 SLOTS = "hybrid.slots"
+PIN = "hybrid.pin"
+UNPIN = "hybrid.unpin"
 DEFAULT_SNAP_TOLERANCE = 512  # shared/spec/cache-coherence.md: the harness's default
 
 _ORIGIN = {
@@ -108,7 +113,23 @@ def handle(cache: Any, method: str, body: dict[str, Any]) -> dict[str, Any]:
         return boundaries(cache, body)
     if method == SLOTS:
         return slots(cache, body)
+    if method in (PIN, UNPIN):
+        return pin(cache, body, durable=method == PIN)
     raise QueryError(f"unknown method {method!r}")
+
+
+def pin(cache: Any, body: dict[str, Any], *, durable: bool) -> dict[str, Any]:
+    """Make the snapshot exactly at the prompt's end durable, or release it."""
+    ids = _ids(body.get("input_ids"))
+    points = resume_points(cache.index.tree, _key(ids, body))
+    at = [p for p in points if p.position == len(ids)]
+    if not at:
+        raise QueryError(f"no checkpoint at {len(ids)}, the end of this prompt")
+    s = at[-1].snapshot
+    if durable and (why := why_not_pinnable(cache.index, s)) is not None:
+        raise QueryError(f"not made durable: {why}")
+    set_durable(cache.index, s, durable)
+    return _point(at[-1])
 
 
 def slots(cache: Any, body: dict[str, Any]) -> dict[str, Any]:
@@ -146,11 +167,7 @@ def boundaries(cache: Any, body: dict[str, Any]) -> dict[str, Any]:
     tolerance = body.get("snap_tolerance", DEFAULT_SNAP_TOLERANCE)
     if not _is_int(tolerance) or tolerance < 0:
         raise QueryError(f"snap_tolerance must be a non-negative integer, got {tolerance!r}")
-    namespace = namespace_of(
-        SimpleNamespace(extra_key=body.get("extra_key"), cache_salt=body.get("cache_salt"))
-    )
-    key = PromptKey(token_bytes(ids), namespace=namespace)
-    points = resume_points(cache.index.tree, key)
+    points = resume_points(cache.index.tree, _key(ids, body))
     deepest = points[-1] if points else None
     on_device = [p for p in points if p.tier == "device"]
     out: dict[str, Any] = {
@@ -176,6 +193,13 @@ def boundaries(cache: Any, body: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _key(ids: np.ndarray, body: dict[str, Any]) -> PromptKey:
+    namespace = namespace_of(
+        SimpleNamespace(extra_key=body.get("extra_key"), cache_salt=body.get("cache_salt"))
+    )
+    return PromptKey(token_bytes(ids), namespace=namespace)
+
+
 def _point(p: ResumePoint) -> dict[str, Any]:
     s = p.snapshot
     if s.kind is SnapshotKind.ENDPOINT:
@@ -184,7 +208,13 @@ def _point(p: ResumePoint) -> dict[str, Any]:
         kind = _ORIGIN.get(TapSource(s.origin), "tap")
     else:
         kind = "boundary" if s.kind is SnapshotKind.BOUNDARY else "tap"
-    return {"position": p.position, "kind": kind, "tier": p.tier, "full_state": True}
+    return {
+        "position": p.position,
+        "kind": kind,
+        "tier": p.tier,
+        "full_state": True,
+        "durable": s.durable,
+    }
 
 
 def _is_int(x: Any) -> bool:

@@ -3,7 +3,8 @@
 - ``POST /hybrid/boundaries``: the resume points on a prompt's path and where a cut lands
   (``boundaries.py`` answers in each scheduler through SGLang's control path);
 - ``POST /hybrid/checkpoint``: make sure a state exists at a prefix's end (a one-token request
-  whose endpoint is published wherever it falls), then report it;
+  whose endpoint is published wherever it falls), then report it; ``durable: true`` (optionally
+  with ``ttl_s``) keeps it in the host tier until ``DELETE /hybrid/checkpoint`` or the TTL;
 - ``GET /props`` and ``GET /slots``: llama.cpp's discovery endpoints, in its shape, with what
   applies (``docs/boundary-api.md`` lists the fields served and not served).
 
@@ -22,9 +23,13 @@ from typing import Any
 
 from starlette.requests import Request
 
-from .boundaries import BOUNDARIES, DEFAULT_SNAP_TOLERANCE, SLOTS
+from .boundaries import BOUNDARIES, DEFAULT_SNAP_TOLERANCE, PIN, SLOTS, UNPIN
 
 logger = logging.getLogger(__name__)
+
+PIN_TRIES = 100  # a durable pin waits up to PIN_TRIES * PIN_RETRY_S for the host copy
+PIN_RETRY_S = 0.05
+TTL_TASKS = "_sglang_hybrid_ttl_tasks"  # on the tokenizer manager: TTL releases not run yet
 
 ROUTES_ATTR = "_sglang_hybrid_routes"
 
@@ -46,6 +51,7 @@ def install(app: Any) -> None:
     setattr(app.state, ROUTES_ATTR, True)
     app.add_api_route("/hybrid/boundaries", boundaries_route, methods=["POST"])
     app.add_api_route("/hybrid/checkpoint", checkpoint_route, methods=["POST"])
+    app.add_api_route("/hybrid/checkpoint", release_route, methods=["DELETE"])
     app.add_api_route("/props", props_route, methods=["GET"])
     app.add_api_route("/slots", slots_route, methods=["GET"])
 
@@ -77,11 +83,12 @@ async def boundaries_route(request: Request) -> Any:
 
 async def checkpoint_route(request: Request) -> Any:
     async def answer(tm: Any, body: dict[str, Any]) -> dict[str, Any]:
-        if body.get("durable"):
-            raise BadRequest(
-                "durable checkpoints are not served yet: the state is kept by the cache's "
-                "normal retention (GDSF); drop durable"
-            )
+        durable = body.get("durable", False)
+        ttl = body.get("ttl_s")
+        if not isinstance(durable, bool):
+            raise BadRequest("durable must be true or false")
+        if ttl is not None and (not durable or not _is_number(ttl) or ttl <= 0):
+            raise BadRequest("ttl_s must be a positive number of seconds, with durable: true")
         ids = await _prompt_ids(request, tm, body)
         query = _query(body, ids)
         if query.get("cut") is not None:
@@ -98,13 +105,63 @@ async def checkpoint_route(request: Request) -> Any:
                     "the prefix was computed but no state was kept at its end (no snapshot slot "
                     "was free); try again"
                 )
+        point = have[0]
+        if durable:
+            point = await _make_durable(tm, query)
+            if ttl is not None:
+                _release_later(tm, query, float(ttl))
         return {
-            "checkpoint": have[0],
+            "checkpoint": point,
             "computed_tokens": computed,
             "prompt_tokens": len(ids),
+            "ttl_s": ttl,
         }
 
     return await _serve(request, answer)
+
+
+async def release_route(request: Request) -> Any:
+    """``DELETE /hybrid/checkpoint``: a durable checkpoint goes back to normal retention."""
+
+    async def answer(tm: Any, body: dict[str, Any]) -> dict[str, Any]:
+        ids = await _prompt_ids(request, tm, body)
+        return {"checkpoint": await _ask(tm, UNPIN, _query(body, ids))}
+
+    return await _serve(request, answer)
+
+
+async def _make_durable(tm: Any, query: dict[str, Any]) -> dict[str, Any]:
+    """Pin the checkpoint at the prefix's end; its host copy may still be landing (the cache
+    writes it through at release, off the scheduler thread), so "not ... yet" is retried."""
+    import asyncio
+
+    for _ in range(PIN_TRIES - 1):
+        try:
+            return await _ask(tm, PIN, query)
+        except BadRequest as exc:
+            if "yet" not in str(exc):
+                raise
+        await asyncio.sleep(PIN_RETRY_S)
+    return await _ask(tm, PIN, query)
+
+
+def _release_later(tm: Any, query: dict[str, Any], ttl_s: float) -> None:
+    """Release the pin after ``ttl_s``: a control request like any other, so every TP rank
+    releases it at the same point of its request stream (no rank reads a clock to decide)."""
+    import asyncio
+
+    async def release() -> None:
+        await asyncio.sleep(ttl_s)
+        try:
+            await _ask(tm, UNPIN, query)
+        except Exception as exc:  # the checkpoint may have been released or flushed since
+            logger.info("durable checkpoint TTL release: %s", exc)
+
+    # asyncio keeps only a weak reference to a task: hold it until it ran.
+    pending: set[Any] = tm.__dict__.setdefault(TTL_TASKS, set())
+    task = asyncio.get_running_loop().create_task(release())
+    pending.add(task)
+    task.add_done_callback(pending.discard)
 
 
 async def props_route(request: Request) -> Any:
@@ -331,3 +388,7 @@ def _build_info() -> str:
 
 def _is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
