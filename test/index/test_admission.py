@@ -66,3 +66,34 @@ def test_filling_blocks_are_skipped_as_candidates() -> None:
     assert node.device_state is Residency.RESIDENT
     assert idx.match(key(X[:500])).best is end
     idx.check_integrity()
+
+
+def test_a_commit_stops_before_a_block_still_filling() -> None:
+    """A lane that computed blocks the tree holds, one of them with its device copy still landing
+    (a prefetch or restore in flight): the lane cannot swap its own copy for that one yet, so the
+    commit stops before it (found by the reliability suite: a chunked request deduplicated onto
+    prefetched pages whose copy had not run, and read them at its next pass)."""
+    from sglang_hybrid.index import CommitKind
+
+    idx, m, _, _ = _setup()
+    node = m.path[3]
+    idx.begin_node_fill(node, "dst")
+    k = key(X[:400])
+    lane = idx.open_lane(idx.match(k), None)
+    dev = Device()
+    got = idx.commit(lane, k, 6 * 64, lambda b: dev.new())
+    assert [(b, kind) for b, _, kind in got] == [
+        (0, CommitKind.DUPLICATE),
+        (1, CommitKind.DUPLICATE),
+        (2, CommitKind.ADOPTED),
+    ]
+    assert len(lane.path) == 3
+    idx.finish_node_fill(node)
+    got = idx.commit(lane, k, 6 * 64, lambda b: dev.new())  # the next pass resumes there
+    assert [(b, kind) for b, _, kind in got] == [
+        (3, CommitKind.DUPLICATE),
+        (4, CommitKind.ADOPTED),
+        (5, CommitKind.ADOPTED),
+    ]
+    idx.release(lane)
+    idx.check_integrity()

@@ -178,7 +178,9 @@ class PrefixIndex(DeviceResidency, HostTransfers):
         """Blocks [committed, upto // 64) of the lane become tree nodes it holds (§7.6).
 
         ``device_of(b)`` gives the lane's device handle of block ``b``; it is called only for
-        blocks whose page the tree takes (NEW and ADOPTED).
+        blocks whose page the tree takes (NEW and ADOPTED). The commit stops before a block whose
+        device copy is still landing (a restore or prefetch in flight): the lane's own copy could
+        not be swapped for it yet; the next commit of the lane resumes there.
         """
         if not lane.enabled or lane.closed:
             return []
@@ -212,6 +214,8 @@ class PrefixIndex(DeviceResidency, HostTransfers):
                 out.append((b, node, new))
                 parent = node
                 continue
+            if node.device_state is R.FILLING:
+                break
             kind = adopted if node.device_state is R.ABSENT else dup
             self._ref(node, lane)  # pinned first: an adopted copy never enters the LRU
             if kind is adopted:

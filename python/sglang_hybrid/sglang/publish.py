@@ -45,6 +45,12 @@ def _realised(state: ReqState, due: list[int]) -> tuple[SnapshotKind, int, int]:
     return kind, demand, origin
 
 
+def _committed(lane: Any, frontier: int) -> bool:
+    """Every full block below ``frontier`` is on the lane's path (a commit stops before a block
+    whose device copy is still landing; a snapshot there waits for a later pass)."""
+    return len(lane.path) >= frontier // BLOCK_TOKENS
+
+
 class Publisher:
     # State owned by HybridRadixCache (declared for readers and type checkers).
     index: PrefixIndex
@@ -241,7 +247,7 @@ class Publisher:
         taps, handle.inpass = handle.inpass, []
         setattr(req, TAPS_ATTR, None)
         for t in taps:
-            if t.position not in done or t.position > up_to:
+            if t.position not in done or t.position > up_to or not _committed(lane, t.position):
                 self.index.cancel_slot(t.slot, lane, t.position, t.kind)
                 continue
             state.taken.add(t.position)
@@ -275,8 +281,8 @@ class Publisher:
         demand: int = 0,
         origin: int = 0,
     ) -> Snapshot | None:
-        if not self._slot_ids:  # the snapshot slots are not reserved again yet (after a flush)
-            return None
+        if not self._slot_ids or not _committed(lane, frontier):
+            return None  # no slots (after a flush, until reserved again), or blocks not committed
         tail = self._copy_request_tail(row, frontier) if frontier % BLOCK_TOKENS else None
         if frontier % BLOCK_TOKENS and tail is None:
             # No KV room for the tail even after evicting: skip the tap (§9.2: optional).
@@ -352,6 +358,7 @@ class Publisher:
         if (
             lane.enabled
             and self._slot_ids
+            and _committed(lane, f)
             and f == live
             and f >= gap
             and f - self._deepest(lane, f) >= gap
