@@ -75,6 +75,9 @@ class Config:
     tap_mode: str = "auto"  # --hybrid-tap-mode (auto: zero-split with the CPU workers)
     overlap: bool = False  # SGLang's overlap loop (the next batch runs before this one's results)
     tail_tap: str = "exact"  # --hybrid-tail-tap (flexible: realised where a pass ends)
+    seed: int | None = None  # a pinned seed (a regression found at that seed), else derived
+    label: str | None = None  # the test id when it is not the name (request ids use the name)
+    ops: int | None = None  # with a pinned seed: the operations that reach the regression
 
     def build_kwargs(self) -> dict[str, Any]:
         opts: dict[str, Any] = {

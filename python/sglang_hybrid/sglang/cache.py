@@ -118,6 +118,7 @@ class HybridRadixCache(LoadBack, Publisher, BasePrefixCache):
         self.overlap = False
         self.coalescer = Coalescer(self) if options.coalesce and not self.disable else None
         self.recent = Recent()  # the sequences released last, for GET /slots
+        self.pass_adder: Any = None  # the admission pass's PrefillAdder (note_adder)
         self._tp_group = getattr(params, "tp_cache_group", None)  # the host tier's MIN poll
         self._free_next_poll: list[torch.Tensor] = []  # restore staging slots (MambaPool)
         self.index = self._new_index()
@@ -177,6 +178,11 @@ class HybridRadixCache(LoadBack, Publisher, BasePrefixCache):
             self.pools.stream = stream
             if self.host is not None:
                 self.host.order_after(stream)
+
+    def note_adder(self, adder: Any | None) -> None:
+        """The admission pass in progress (its remaining budget bounds an asynchronous
+        restore, ``LoadBack.init_load_back``); set as each candidate is selected."""
+        self.pass_adder = adder
 
     # ================================================================ snapshot slots
     def _reserve_slots(self, *, strict: bool = False) -> bool:

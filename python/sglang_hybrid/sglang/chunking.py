@@ -62,6 +62,9 @@ def after_select_admission(result: Any, adder: Any, req: Any, *args: Any, **kwar
 
     if not isinstance(result, _PrefillAdmission):
         return None
+    note = getattr(adder.tree_cache, "note_adder", None)
+    if note is not None:
+        note(adder)
     extra = tail_pages(req, adder.page_size) if getattr(req, ATTR, None) is not None else 0
     budget = getattr(adder, "memory_budget", None)
     # The tail copy's pages come on top of the extend SGLang budgets; the pass allocates both at

@@ -444,7 +444,9 @@ class HostTier:
         free_dropped(self.allocator, dropped, self.pools.device)
 
     # ================================================================ prefetch (§6.6)
-    def prefetch(self, path: list[BlockNode], source: Snapshot | None) -> int:
+    def prefetch(
+        self, path: list[BlockNode], source: Snapshot | None, *, limit_tokens: int | None = None
+    ) -> int:
         """Issue copies of up to 256 host-only blocks of a blocked head's path into spare pages.
 
         Pages come from the free pool and from host-backed cached blocks (never a last copy);
@@ -459,6 +461,8 @@ class HostTier:
         held = path[:k]
         self.index.pin_for_prefetch(held)  # the head's path stays put meanwhile
         room = self.allocator.available_size() + self._backed_evictable()
+        if limit_tokens is not None:
+            room = min(room, limit_tokens)
         count = min(len(missing), room // BLOCK_TOKENS)
         dst = self._alloc(count * BLOCK_TOKENS, backed_only=True) if count > 0 else None
         if dst is None:

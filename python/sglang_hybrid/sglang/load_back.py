@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from sglang.srt.mem_cache.base_prefix_cache import InitLoadBackParams, MatchResult
 
-from ..index import BLOCK_TOKENS, PromptKey
+from ..index import BLOCK_TOKENS, PromptKey, Residency
 from .host_tier import PendingRestore
 from .request import ATTR, MatchHandle, ReqState, key_for, waiting_key
 
@@ -38,6 +38,8 @@ class LoadBack:
     device: torch.device
     mamba_allocator: Any
     token_to_kv_pool_allocator: Any
+    page_size: int
+    pass_adder: Any  # SGLang's PrefillAdder of the admission pass in progress (note_adder)
     _free_next_poll: list[torch.Tensor]
     metrics_collector: Any  # SGLang's radix-cache collector (None without --enable-metrics)
     slot_id: Callable[[int], int]
@@ -76,6 +78,17 @@ class LoadBack:
         if self.disable or self.host is None or source is None or star is dev:
             return 0, dev
         kv = req.kv
+        adder = self.pass_adder
+        if (
+            not self.host.queue.synchronous
+            and adder is not None
+            and self._restore_pass_cost(star, source) > adder.cur_rem_tokens
+        ):
+            # The requests admitted earlier in this pass allocate their pages after the pass;
+            # an asynchronous restore takes pages now and pins its path, which the pass's budget
+            # counted as evictable. Only what the pass has left may go to it; else it waits for
+            # the next pass.
+            return None
         image_slot: int | None = None
         staging: torch.Tensor | None = None
         if source.image_on_device:
@@ -116,6 +129,19 @@ class LoadBack:
         self._set_restored_cow(kv, pending)
         kv.cache_protected_len = BLOCK_TOKENS * (star.prefix_len // BLOCK_TOKENS)
         return star.prefix_len - dev.prefix_len, star  # the hold goes at on_admitted
+
+    def _restore_pass_cost(self, star: MatchHandle, source: Snapshot) -> int:
+        """Tokens an asynchronous restore takes from the admission pass's budget: the pages of
+        its host-only blocks and tail, and its path's blocks now evictable (its lane pins them)."""
+        assert star.match is not None
+        k = source.anchor.depth + 1
+        lru = self.index.lru
+        absent = Residency.ABSENT
+        blocks = sum(1 for n in star.match.path[:k] if n.device_state is absent or n in lru)
+        tail = 0
+        if source.tail and not source.tail_on_device:
+            tail = -(-source.tail_len // self.page_size) * self.page_size
+        return blocks * BLOCK_TOKENS + tail
 
     def _take_restore(self, req: Any, state: ReqState) -> PendingRestore | None:
         """A retired restore of ``req``: the pending record when it succeeded; None (its hold
@@ -254,14 +280,20 @@ class LoadBack:
     def prefetch_head(self, req: Any) -> int:
         """The FIFO head waits (§6.6): copy its source's host-only path blocks to the device.
 
-        It retries only while the last attempt copied blocks or spare room grew, because
-        matching walks the whole prompt path.
+        Only into room SGLang's admission pass left unpromised (its adder's ``rem_total_tokens``;
+        no prefetch in a pass that considered no candidate). It retries only while the last
+        attempt copied blocks or spare room grew, because matching walks the whole prompt path.
         """
-        if self.disable or self.host is None or req.kv.holds_kv:
+        adder = self.pass_adder
+        if self.disable or self.host is None or req.kv.holds_kv or adder is None:
             return 0
         state = getattr(req, ATTR, None)
         if state is not None and state.restore is not None:
             return 0  # its own restore is in flight
+        # Only what SGLang has not promised: its budget reserves pages for the running requests
+        # (decode headroom, a chunked request's next chunks) and for this pass's admissions;
+        # prefetching into those stopped the next chunk ("Prefill out of memory", reliability).
+        spare = max(0, int(adder.rem_total_tokens))
         room = self.token_to_kv_pool_allocator.available_size() + self.index.evictable_tokens
         last = getattr(state, "prefetch_room", None)
         if state is not None and last is not None and not state.prefetch_copied and room <= last:
@@ -269,7 +301,7 @@ class LoadBack:
         tokens = req.origin_input_ids + req.output_ids
         key = key_for(state, tokens, len(tokens))
         m = self.index.match(key)
-        copied = self.host.prefetch(m.path, m.best)
+        copied = self.host.prefetch(m.path, m.best, limit_tokens=spare)
         self._free_dropped()
         if state is not None:
             state.prefetch_room, state.prefetch_copied = room, copied

@@ -299,8 +299,10 @@ def _around_prefill_pass(orig: Any, scheduler: Any, *args: Any, **kwargs: Any) -
     from .cache import HybridRadixCache
     from .coalesce import around_prefill_pass
 
-    result = around_prefill_pass(orig, scheduler, *args, **kwargs)
     cache = getattr(scheduler, "tree_cache", None)
+    if isinstance(cache, HybridRadixCache):
+        cache.note_adder(None)  # this pass's adder is noted when it selects a candidate
+    result = around_prefill_pass(orig, scheduler, *args, **kwargs)
     if isinstance(cache, HybridRadixCache) and cache.host is not None:
         queue = scheduler.waiting_queue
         if queue:
