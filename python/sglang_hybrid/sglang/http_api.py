@@ -23,7 +23,7 @@ from typing import Any
 
 from starlette.requests import Request
 
-from .boundaries import BOUNDARIES, DEFAULT_SNAP_TOLERANCE, PIN, SLOTS, UNPIN
+from .boundaries import BOUNDARIES, DEFAULT_SNAP_TOLERANCE, PIN, SLOTS, UNPIN, _is_int
 
 logger = logging.getLogger(__name__)
 
@@ -384,10 +384,6 @@ def _build_info() -> str:
             return "unknown"
 
     return f"sglang {version('sglang')} + sglang-hybrid {version('sglang-hybrid')}"
-
-
-def _is_int(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
 
 
 def _is_number(x: Any) -> bool:
