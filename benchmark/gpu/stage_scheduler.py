@@ -656,7 +656,6 @@ def run_config(ctx: Ctx, name: str, programs: list[str], model: Path, chat: Any)
         checks = verify(worker, reqs)
         verify_s = time.perf_counter() - t1
         tc = sched.tree_cache
-        stats = tc.index.stats
         out = {
             "programs": programs,
             "options": {"host_cache_mib": host_mib, **extra_opts},
@@ -669,7 +668,7 @@ def run_config(ctx: Ctx, name: str, programs: list[str], model: Path, chat: Any)
             "provenance_problems": worker.problems[:20],
             "provenance_problem_count": len(worker.problems),
             "retractions": sum(getattr(r, "retraction_count", 0) for r in reqs.values()),
-            "coalesce_waiters": getattr(stats, "coalesce_waiters", None),
+            "coalesce_waiters": tc.stats().get("coalesce_waiters"),
             "host_restored_bytes": tc.host.restored_bytes if tc.host is not None else 0,
             "run_s": run_s,
             "verify_s": verify_s,

@@ -1,3 +1,5 @@
+import json
+
 import numpy as np
 import pytest
 
@@ -66,7 +68,15 @@ def test_run_writes_a_report(tmp_path, capsys, qwen3_next_dir, small_agent_trace
     assert f"| oracle | {prompt:,} |" in text
     md = (out / "report.md").read_text()
     assert "sglang-hybrid replay run --trace sessions:" in md
-    assert (out / "report.json").exists() and (out / "ttft_cdf.png").exists()
+    assert (out / "ttft_cdf.png").exists()
+    # The report carries what the run measured: the sessions' follow-ups resume, so the oracle
+    # (every prefix kept) reuses a real share of the prompt tokens, and the table says so.
+    (point,) = json.loads((out / "report.json").read_text())["points"]
+    (run,) = point["runs"]
+    s = run["summary"]
+    assert run["cache"] == "oracle" and s["prompt_tokens"] == prompt
+    assert 0.3 < s["reused_tokens"] / prompt < 1.0, s
+    assert f"| oracle | {prompt:,} | {s['reused_tokens']:,} " in md
 
 
 def test_capture_grid_without_zero_split_is_refused(tmp_path):

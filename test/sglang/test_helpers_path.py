@@ -11,6 +11,12 @@ from direct import Driver, build_pools, builtin_cache, hybrid_cache
 rng = random.Random(3)
 
 
+@pytest.fixture(autouse=True)
+def _fresh_tokens() -> None:
+    """Every test draws the same tokens whichever tests ran before it (or alone, with -k)."""
+    rng.seed(3)
+
+
 def toks(n: int) -> list[int]:
     return [rng.randrange(10, 2000) for _ in range(n)]
 

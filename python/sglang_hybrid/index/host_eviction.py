@@ -45,9 +45,9 @@ def make_room(index: PrefixIndex, k: int, *, bound: float | None = None) -> bool
         if victim is None or (bound is not None and victim.h > bound):
             return False
         index.stats.host_gdsf_evicted += 1
-        index.L = max(index.L, victim.h)  # max(): revaluations may lower an old H below L
+        index.raise_inflation(victim.h)
         if victim.complete_on_device:
-            _drop_snapshot_host(index, victim)
+            index.drop_snapshot_host(victim)
         else:
             index.delete_snapshot(victim)
     return True
@@ -93,17 +93,3 @@ def _sweep_one(index: PrefixIndex) -> None:
         node = nxt
     index.stats.host_dead_swept += 1
     index.drop_node_host(node)
-
-
-def _drop_snapshot_host(index: PrefixIndex, s: Snapshot) -> None:
-    host = index.host
-    assert host is not None
-    if s.host_slabs:
-        host.release(s.host_slabs)
-    s.host_slabs, s.host_state = (), R.ABSENT
-    if s.tail_host_slab >= 0:
-        host.release([s.tail_host_slab])
-        s.tail_host_slab, s.tail_host_state = -1, R.ABSENT
-        index._tail_changed(s)
-    index.valuer.revalue(s)
-    index.epoch += 1

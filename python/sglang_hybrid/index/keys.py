@@ -37,14 +37,13 @@ def xxh3_chain(data: bytes, seed: int) -> int:
 
 
 def pack_tokens(ids: Iterable[int]) -> bytes:
-    """Token ids as the packed int32 bytes every key uses."""
-    return array("i", ids).tobytes()
-
-
-def unpack_tokens(data: bytes) -> list[int]:
-    out = array("i")
-    out.frombytes(data)
-    return out.tolist()
+    """Token ids as the packed int32 bytes every key uses; ``ValueError`` for an id outside
+    int32 (narrowing it would alias another token's key)."""
+    try:
+        return array("i", ids).tobytes()
+    except OverflowError:
+        bad = next(t for t in ids if not -(2**31) <= t < 2**31)
+        raise ValueError(f"token id {bad} does not fit the cache's int32 keys") from None
 
 
 def media_key(items: Sequence[tuple[bytes, int, int, int, int]]) -> int:

@@ -24,7 +24,3 @@ class Lane:
     pinned: list[Snapshot] = field(default_factory=list)  # snapshots this lane is copying from
     published: int = 0
     closed: bool = False
-
-    @property
-    def committed_tokens(self) -> int:
-        return 64 * len(self.path)

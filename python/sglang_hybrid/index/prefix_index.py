@@ -69,8 +69,6 @@ class IndexStats:
     host_gdsf_evicted: int = 0
     image_writes_refused: int = 0
     # Counted by the backend's coalescer (spec §12.2): requests held, and passes they were held.
-    coalesce_waiters: int = 0
-    coalesce_holds: int = 0
 
 
 class PrefixIndex(DeviceResidency, HostTransfers):
@@ -317,7 +315,7 @@ class PrefixIndex(DeviceResidency, HostTransfers):
                 # Refused on value (§9.2 step 3): the newcomer is GDSF's victim, so L rises to
                 # its priority. Beyond the spec: without this, residents hit once long ago keep
                 # every later tap out for good (L only moved on evictions, and none happen).
-                self.L = max(self.L, estimate)
+                self.raise_inflation(estimate)
             self._revalue(*self._supersede_all(lineage))
             return None
         victim = choice.victim
@@ -329,7 +327,7 @@ class PrefixIndex(DeviceResidency, HostTransfers):
                 self._drop_image_device(victim)
             else:
                 if choice.source is SlotSource.DEVICE_ONLY:
-                    self.L = max(self.L, victim.h)
+                    self.raise_inflation(victim.h)
                 self.delete_snapshot(victim)
         self.slots.take(choice.slot, STAGING)
         return choice.slot
@@ -448,11 +446,6 @@ class PrefixIndex(DeviceResidency, HostTransfers):
         assert s.restore_pins >= 0, s
         self._tail_changed(s)
 
-    def supersede(self, s: Snapshot) -> None:
-        """``s``'s lineage moved past it (§9.3). A Boundary stays retained once shared."""
-        if self._may_supersede(s):
-            self._revalue(*self._supersede_all([s]))
-
     def _may_supersede(self, s: Snapshot) -> bool:
         if s.superseded or s.id not in self.snapshots:
             return False
@@ -510,6 +503,11 @@ class PrefixIndex(DeviceResidency, HostTransfers):
             self._revalue(list(val.retained_frontier_below(s)), [s, owner])
         else:
             self.valuer.recost(s)
+
+    def raise_inflation(self, h: float) -> None:
+        """GDSF's L rises to an evicted (or refused) priority ``h`` (§9.3). max(): revaluations
+        may have lowered an old H below L, and L never falls."""
+        self.L = max(self.L, h)
 
     def delete_snapshot(self, s: Snapshot) -> None:
         assert s.restore_pins == 0, f"deleting pinned {s}"

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from .host_slabs import HostSlabPool
     from .prefix_index import IndexStats
     from .tree import BlockTree
+    from .valuation import Valuer
 
 R = Residency
 
@@ -31,6 +32,7 @@ class DeviceResidency:
     slots: DeviceSnapshotSlots
     host: HostSlabPool | None
     stats: IndexStats
+    valuer: Valuer
     dead: dict[BlockNode, None]
     device_tokens: int
     epoch: int
@@ -95,6 +97,19 @@ class DeviceResidency:
             self._node_changed(n)
             if (owner := val.sole_retained_below(n)) is not None:
                 self.valuer.revalue(owner)  # its exclusive path lost host bytes
+        self.epoch += 1
+
+    def drop_snapshot_host(self, s: Snapshot) -> None:
+        """Free a snapshot's host copies (image and tail); its device copies stay (§9.3)."""
+        assert self.host is not None
+        if s.host_slabs:
+            self.host.release(s.host_slabs)
+        s.host_slabs, s.host_state = (), R.ABSENT
+        if s.tail_host_slab >= 0:
+            self.host.release([s.tail_host_slab])
+            s.tail_host_slab, s.tail_host_state = -1, R.ABSENT
+            self._tail_changed(s)
+        self.valuer.revalue(s)
         self.epoch += 1
 
     def delete_subtree(self, node: BlockNode) -> None:

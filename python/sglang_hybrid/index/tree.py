@@ -97,15 +97,6 @@ class BlockTree:
         return out
 
     @staticmethod
-    def ancestor_at(node: BlockNode, depth: int) -> BlockNode | None:
-        """The node at ``depth`` on ``node``'s path, or None when ``node`` is shallower."""
-        if depth > node.depth:
-            return None
-        while node.depth > depth:
-            node = node.parent  # type: ignore[assignment]
-        return node
-
-    @staticmethod
     def is_single_chain(node: BlockNode) -> bool:
         """No node in ``node``'s subtree (itself included) has two or more children."""
         return node.forks_below == 0

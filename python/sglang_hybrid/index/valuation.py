@@ -168,17 +168,27 @@ class Valuer:
         self.slab_bytes = slab_bytes
         self.restore_image_s = cost.restore_seconds(image_bytes)
 
+    # The spec's three formulas, each written once (§9.3); the float operations and their order
+    # are what every caller computed before, so values are bit-identical.
+    def _c(self, base: int, frontier: int) -> float:
+        """C: prefill seconds from ``base`` to ``frontier`` saved, minus restoring the image."""
+        return max(0.0, self.cost.prefill_seconds(base, frontier - base) - self.restore_image_s)
+
+    def _z(self, has_tail: bool, path_bytes: int) -> int:
+        """Z: the image, the tail's slab, and the path bytes only this snapshot keeps."""
+        return self.image_bytes + (self.slab_bytes if has_tail else 0) + path_bytes
+
+    @staticmethod
+    def _h(l_at: float, uses: int, c: float, z: float) -> float:
+        """H = L + (1 + hits + demand) * C / Z, ``uses`` = hits + demand."""
+        return l_at + (1 + uses) * c / z
+
     def values(self, s: Snapshot) -> tuple[float, float, float]:
         """(C, Z, H) of ``s`` from the current tree, without storing them."""
         a = nearest_retained_above(s)
-        base = a.frontier if a is not None else 0
-        c = max(0.0, self.cost.prefill_seconds(base, s.frontier - base) - self.restore_image_s)
-        z = float(
-            self.image_bytes
-            + (self.slab_bytes if s.has_tail else 0)
-            + exclusive_path_bytes(s, self.slab_bytes)
-        )
-        return c, z, s.l_at + (1 + s.hits + s.demand) * c / z
+        c = self._c(a.frontier if a is not None else 0, s.frontier)
+        z = float(self._z(s.has_tail, exclusive_path_bytes(s, self.slab_bytes)))
+        return c, z, self._h(s.l_at, s.hits + s.demand, c, z)
 
     def revalue(self, s: Snapshot) -> None:
         s.cost, s.size, s.h = self.values(s)
@@ -186,16 +196,14 @@ class Valuer:
     def recost(self, s: Snapshot) -> None:
         """Only C (and H) changed: its nearest retained ancestor moved or it was hit."""
         a = nearest_retained_above(s)
-        base = a.frontier if a is not None else 0
-        s.cost = max(0.0, self.cost.prefill_seconds(base, s.frontier - base) - self.restore_image_s)
-        s.h = s.l_at + (1 + s.hits + s.demand) * s.cost / s.size
+        s.cost = self._c(a.frontier if a is not None else 0, s.frontier)
+        s.h = self._h(s.l_at, s.hits + s.demand, s.cost, s.size)
 
     def estimate(
         self, l_now: float, base: int, frontier: int, has_tail: bool, demand: int = 0
     ) -> float:
         """H of a snapshot about to be published: no hits yet (``demand`` requests are known to
         be waiting for it, §12.2), the blocks since ``base`` its own."""
-        c = max(0.0, self.cost.prefill_seconds(base, frontier - base) - self.restore_image_s)
         own_blocks = frontier // BLOCK_TOKENS - base // BLOCK_TOKENS
-        z = self.image_bytes + (self.slab_bytes if has_tail else 0) + own_blocks * self.slab_bytes
-        return l_now + (1 + demand) * c / z
+        c = self._c(base, frontier)
+        return self._h(l_now, demand, c, self._z(has_tail, own_blocks * self.slab_bytes))

@@ -62,8 +62,8 @@ from .hints import tap_hints
 from .host_tier import HostTier
 from .load_back import LoadBack
 from .metrics import CacheMetrics
-from .pages import alloc_evicting
-from .publish import Publisher, ceil_to
+from .pages import alloc_evicting, ceil_to
+from .publish import Publisher
 from .ranks import RankCheck
 from .request import ATTR, MatchHandle, ReqState, key_for, namespace_of
 from .skips import Skips
@@ -135,10 +135,7 @@ class HybridRadixCache(LoadBack, Publisher, BasePrefixCache):
         )
         if self.config.has_host and not self.disable:
             if self.host is not None:
-                self.host.drain()  # nothing may land in the old index's slabs afterwards
-                self.host.restores.clear()
-                self.host.index = index  # a reset keeps the allocation, drops the contents
-                self.host.memory.pool = index.host  # type: ignore[assignment]
+                self.host.rebind(index)  # a reset keeps the allocation, drops the contents
             else:
                 self.host = HostTier(
                     index,
@@ -251,6 +248,8 @@ class HybridRadixCache(LoadBack, Publisher, BasePrefixCache):
         """Drop everything. SGLang clears its pools right after (flush), freeing our slots too."""
         self.index = self._new_index()
         self._slot_ids = []
+        if self.coalescer is not None:  # its counters restart with the index's
+            self.coalescer.waiters_total = self.coalescer.holds_total = 0
 
     # ================================================================ match
     def match_prefix(self, params: MatchPrefixParams) -> MatchResult:
@@ -529,8 +528,14 @@ class HybridRadixCache(LoadBack, Publisher, BasePrefixCache):
         self.index.check_integrity()
 
     def stats(self) -> dict[str, int]:
-        """The index's counters, the skipped opportunities and the host tier's bytes."""
+        """The index's and the coalescer's counters, the skipped opportunities and the host
+        tier's bytes."""
         out = {f: getattr(self.index.stats, f) for f in self.index.stats.__dataclass_fields__}
+        c = self.coalescer
+        out.update(
+            coalesce_waiters=c.waiters_total if c is not None else 0,
+            coalesce_holds=c.holds_total if c is not None else 0,
+        )
         out.update(self.skips.as_dict(), taps_in_pass=self.taps_in_pass)
         if self.host is not None:
             out.update(

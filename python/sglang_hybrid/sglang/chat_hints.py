@@ -52,23 +52,6 @@ def message_boundaries(
     return out
 
 
-def hf_render(tokenizer: Any, tools: Sequence[dict] | None = None) -> Render:
-    """A ``Render`` over a transformers tokenizer's chat template."""
-
-    def render(messages: Sequence[dict], add_generation_prompt: bool) -> list[int]:
-        out = tokenizer.apply_chat_template(
-            list(messages),
-            tools=list(tools) if tools else None,
-            add_generation_prompt=add_generation_prompt,
-            tokenize=True,
-        )
-        if isinstance(out, dict) or hasattr(out, "input_ids"):
-            out = out["input_ids"]
-        return list(out)
-
-    return render
-
-
 def hints_envelope(hints: Sequence[TapHint]) -> dict[str, Any]:
     from .hints import make_envelope
 

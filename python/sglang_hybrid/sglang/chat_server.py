@@ -43,10 +43,9 @@ _TLS = _Collector()  # per-thread state of an in-flight conversion (not shared a
 
 
 def _uses_hybrid(serving: Any) -> bool:
-    from .flags import BACKEND
+    from .flags import is_selected
 
-    sa = getattr(getattr(serving, "tokenizer_manager", None), "server_args", None)
-    return getattr(sa, "radix_cache_backend", None) == BACKEND
+    return is_selected(getattr(getattr(serving, "tokenizer_manager", None), "server_args", None))
 
 
 def around_convert(orig: Any, serving: Any, request: Any, *args: Any, **kwargs: Any) -> Any:

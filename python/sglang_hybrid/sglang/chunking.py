@@ -28,6 +28,7 @@ import dataclasses
 from typing import Any
 
 from ..index import BLOCK_TOKENS
+from .pages import ceil_to
 from .request import ATTR
 
 
@@ -54,7 +55,7 @@ def tail_pages(req: Any, page_size: int) -> int:
     source = getattr(handle, "source", None)
     if source is None or not source.tail:
         return 0
-    return -(-source.tail_len // page_size) * page_size
+    return ceil_to(source.tail_len, page_size)
 
 
 def after_select_admission(result: Any, adder: Any, req: Any, *args: Any, **kwargs: Any) -> Any:

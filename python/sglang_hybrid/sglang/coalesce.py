@@ -45,6 +45,10 @@ class Coalescer:
         # sibling rid -> {frontier its prefill must stop at: requests held for it}
         self.cuts: dict[str, dict[int, int]] = {}
         self.holds: dict[str, int] = {}  # held rid -> consecutive passes held
+        # Counters of this coalescer's own decisions (cache.stats() reports them); only changed
+        # by ``select``, reset with the cache.
+        self.waiters_total = 0  # requests held at least once
+        self.holds_total = 0  # request-passes held
         self.demand: PrefixDemand[str] = PrefixDemand()  # the waiting queue's prompts, by rid
         self._queue_seen: tuple[int, str, str] = (0, "", "")
         self._window_seen: tuple[Any, ...] = ()
@@ -79,7 +83,7 @@ class Coalescer:
         ):
             for r in self._held:
                 self.holds[r.rid] += 1
-            self.cache.index.stats.coalesce_holds += len(self._held)
+            self.holds_total += len(self._held)
             self._note_held(self._held)
             return list(self._held)
         self._window_seen = seen
@@ -98,8 +102,8 @@ class Coalescer:
             passes = self.holds.get(req.rid, 0)
             if target is not None and sib is not None and passes < MAX_HOLD_PASSES:
                 if not passes:
-                    self.cache.index.stats.coalesce_waiters += 1
-                self.cache.index.stats.coalesce_holds += 1
+                    self.waiters_total += 1
+                self.holds_total += 1
                 holds[req.rid] = passes + 1
                 held.append(req)
                 asked[sib.owner, target] = asked.get((sib.owner, target), 0) + 1

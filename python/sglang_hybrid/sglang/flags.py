@@ -13,7 +13,7 @@ concurrency and chunk size (:func:`resolve`).
 from __future__ import annotations
 
 import argparse
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from ..index import CacheConfig, resolve_config
@@ -45,7 +45,6 @@ class HybridOptions:
     tap_mode: TapMode = "auto"
     host_copy: CopyMode = "async"
     host_write_mib: int = 512
-    extra: dict[str, Any] = field(default_factory=dict)  # set by other layers (e.g. CPU worker)
     cache_file: str | None = None  # --hybrid-cache-file: the host tier across restarts (§5.5)
 
 
@@ -188,6 +187,11 @@ def options_from_namespace(args: argparse.Namespace) -> HybridOptions:
     )
 
 
+def is_selected(server_args: Any) -> bool:
+    """``--radix-cache hybrid`` was chosen (SGLang's own ``radix_cache_backend`` field)."""
+    return getattr(server_args, "radix_cache_backend", None) == BACKEND
+
+
 def get_options(server_args: Any) -> HybridOptions:
     """The options stored on a ServerArgs (defaults when it was built without our CLI)."""
     opts = getattr(server_args, ATTR, None)
@@ -196,14 +200,6 @@ def get_options(server_args: Any) -> HybridOptions:
     if isinstance(opts, dict):  # tolerate a plain dict set by a caller
         return HybridOptions(**opts)
     return opts
-
-
-def set_options(server_args: Any, **values: Any) -> HybridOptions:
-    """Attach options to a ServerArgs built in code (``Engine``/tests have no CLI)."""
-    opts = get_options(server_args)
-    merged = HybridOptions(**{**asdict(opts), **values})
-    setattr(server_args, ATTR, merged)
-    return merged
 
 
 def resolve(

@@ -37,7 +37,7 @@ from ..store.device import DevicePools, handle_to_slots, handles_to_slots, slots
 from ..store.host_memory import HostMemory
 from ..store.layout import SlabLayout
 from ..store.transfer import BlockCopy, SlabCopier, TransferBatch
-from .pages import alloc_evicting, free_dropped
+from .pages import alloc_evicting, ceil_to, free_dropped
 from .skips import Skips
 
 logger = logging.getLogger(__name__)
@@ -219,6 +219,16 @@ class HostTier:
             self.queue.wait(pos + 1)
             self._retire(pos + 1)
 
+    def rebind(self, index: PrefixIndex) -> None:
+        """A cache reset: the same host memory serves a fresh index. Everything in flight is
+        finished first, so nothing lands in the old index's slabs afterwards."""
+        if index.host is None:
+            raise ValueError("a host tier needs an index with a host slab pool")
+        self.drain()
+        self.restores.clear()
+        self.index = index
+        self.memory.rebind(index.host)
+
     def drain(self) -> None:
         """Issue the backlog and wait for every operation (flush, orderly stop, tests)."""
         while self.ops or self.backlog:
@@ -360,7 +370,7 @@ class HostTier:
         path = lane.path
         missing = [n for n in path if n.device_state is R.ABSENT]
         tail_missing = bool(source.tail) and source.tail_device_state is R.ABSENT
-        tail_tokens = -(-source.tail_len // self.page_size) * self.page_size
+        tail_tokens = ceil_to(source.tail_len, self.page_size)
         need = BLOCK_TOKENS * len(missing) + (tail_tokens if tail_missing else 0)
         dst = self._alloc(need) if need else None
         if need and dst is None:

@@ -258,10 +258,9 @@ def _tokenizer_manager() -> Any:
 
 
 def _serves_hybrid(tm: Any) -> bool:
-    from .flags import BACKEND
+    from .flags import is_selected
 
-    sa = tm.server_args
-    return getattr(sa, "radix_cache_backend", None) == BACKEND and not sa.disable_radix_cache
+    return is_selected(tm.server_args) and not tm.server_args.disable_radix_cache
 
 
 async def _ask(tm: Any, method: str, body: dict[str, Any]) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from sglang.srt.mem_cache.base_prefix_cache import InitLoadBackParams, MatchResu
 
 from ..index import BLOCK_TOKENS, PromptKey, Residency
 from .host_tier import PendingRestore
+from .pages import ceil_to
 from .request import ATTR, MatchHandle, ReqState, key_for, waiting_key
 
 if TYPE_CHECKING:
@@ -140,7 +141,7 @@ class LoadBack:
         blocks = sum(1 for n in star.match.path[:k] if n.device_state is absent or n in lru)
         tail = 0
         if source.tail and not source.tail_on_device:
-            tail = -(-source.tail_len // self.page_size) * self.page_size
+            tail = ceil_to(source.tail_len, self.page_size)
         return blocks * BLOCK_TOKENS + tail
 
     def _take_restore(self, req: Any, state: ReqState) -> PendingRestore | None:

@@ -7,6 +7,7 @@ Contract:
   batches the frees of a batch's results in a *free group*; pages freed inside one are only
   queued, so when the retry still fails there, the group is released and reopened (the pages are
   nobody's; only their return is brought forward) and the allocation tried once more.
+- ``ceil_to(tokens, page_size)``: the tokens of the whole pages ``tokens`` occupy.
 - ``free_dropped(allocator, dropped, device)``: the pages of the index's dropped blocks
   (``PrefixIndex.drain_freed_device``) back to the allocator, in one call, on ``device``.
 """
@@ -19,6 +20,11 @@ from typing import Any
 import torch
 
 from ..store.device import handles_to_slots
+
+
+def ceil_to(x: int, m: int) -> int:
+    """``x`` rounded up to a multiple of ``m`` (a page)."""
+    return -(-x // m) * m
 
 
 def alloc_evicting(

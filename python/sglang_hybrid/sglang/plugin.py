@@ -200,9 +200,9 @@ def _check_hooks() -> None:
 
 
 def _uses_hybrid(view: Any) -> bool:
-    from .flags import BACKEND
+    from .flags import is_selected
 
-    return getattr(view, "radix_cache_backend", None) == BACKEND
+    return is_selected(view)
 
 
 def _before_resolve(server_args: Any, *args: Any, **kwargs: Any) -> None:

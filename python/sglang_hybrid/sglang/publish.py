@@ -20,7 +20,7 @@ from ..cpu.taps import TAPS_ATTR, TAPS_DONE_ATTR, mark_tap_done
 from ..index import BLOCK_TOKENS, CommitKind, Snapshot, SnapshotKind
 from ..store.device import handles_to_slots, slots_to_handle
 from .hints import pins_endpoint
-from .pages import alloc_evicting, free_dropped
+from .pages import alloc_evicting, ceil_to, free_dropped
 from .request import ATTR, InPassTap, MatchHandle, ReqState, key_for
 
 if TYPE_CHECKING:
@@ -29,11 +29,6 @@ if TYPE_CHECKING:
     from .host_tier import HostTier
     from .metrics import CacheMetrics
     from .skips import Skips
-
-
-def ceil_to(x: int, m: int) -> int:
-    """``x`` rounded up to a multiple of ``m`` (a page)."""
-    return -(-x // m) * m
 
 
 def _realised(state: ReqState, due: list[int]) -> tuple[SnapshotKind, int, int]:

@@ -123,16 +123,24 @@ class ReqState:
 def token_bytes(tokens: Any, begin: int = 0, end: int | None = None) -> bytes:
     """Packed int32 bytes of ``tokens[begin:end]`` (an ``array('q')``, list or tensor).
 
-    SGLang keeps token ids in ``array('q')``: read them in place (no slice copy) and narrow.
+    SGLang keeps token ids in ``array('q')``: read them in place (no slice copy) and narrow. An
+    id outside int32 raises ``ValueError``, as ``index.keys.pack_tokens`` does: narrowing it would
+    alias another token's key.
     """
     if isinstance(tokens, torch.Tensor):
-        return tokens[begin:end].to(torch.int32).numpy().tobytes()
-    if getattr(tokens, "typecode", None) == "q":
+        arr = tokens[begin:end].to(torch.int64).numpy()
+    elif getattr(tokens, "typecode", None) == "q":
         end = len(tokens) if end is None else end
         arr = np.frombuffer(tokens, dtype=np.int64, count=end - begin, offset=8 * begin)
     else:
         arr = np.asarray(tokens[begin:end], dtype=np.int64)
+    if arr.size and (int(arr.max()) > _INT32_MAX or int(arr.min()) < -_INT32_MAX - 1):
+        bad = int(arr.max()) if int(arr.max()) > _INT32_MAX else int(arr.min())
+        raise ValueError(f"token id {bad} does not fit the cache's int32 keys")
     return arr.astype(np.int32).tobytes()
+
+
+_INT32_MAX = 2**31 - 1
 
 
 def namespace_of(radix_key: Any) -> int:

@@ -95,7 +95,3 @@ class DevicePools:
         for t in [*cache.conv, cache.temporal]:
             per_slot += t[:, 0].numel() * t.element_size()
         return per_slot
-
-    def block_kv_bytes(self, tokens: int = 64) -> int:
-        """Bytes of ``tokens`` tokens of K and V over every full-attention layer."""
-        return sum(buf[0].numel() * buf.element_size() * tokens for buf in self.kv_buffers)

@@ -15,6 +15,12 @@ from ..index.host_slabs import HostSlabPool
 
 
 class HostMemory:
+    def rebind(self, pool: HostSlabPool) -> None:
+        """Serve a fresh index's slab pool from the same bytes (a cache reset keeps them)."""
+        if (pool.n_slabs, pool.slab_bytes) != (self.pool.n_slabs, self.pool.slab_bytes):
+            raise ValueError("a rebound slab pool must have the geometry the memory was made for")
+        self.pool = pool
+
     def __init__(self, pool: HostSlabPool, *, pin: bool | None = None) -> None:
         self.pool = pool
         self.slab_bytes = pool.slab_bytes
