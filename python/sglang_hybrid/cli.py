@@ -1,7 +1,8 @@
 """``sglang-hybrid``: the package's command line, a dispatcher over subcommands.
 
 ``sglang-hybrid replay ...`` runs the trace-replay benchmark (``sglang_hybrid.replay.cli``);
-``sglang-hybrid cache inspect PATH`` prints what a host tier file holds (``store/cache_inspect``).
+``sglang-hybrid cache inspect PATH`` prints what a host tier file holds (``store/cache_inspect``);
+``sglang-hybrid scaleout`` measures reuse through SGLang's router (``scaleout/bench``).
 Subcommand modules are imported only when chosen, so ``--help`` stays fast.
 """
 
@@ -16,6 +17,8 @@ commands:
   replay    replay traces against prefix caches through SGLang's scheduler on the CPU
             (sglang-hybrid replay --help)
   cache     host tier files of --hybrid-cache-file: sglang-hybrid cache inspect PATH
+  scaleout  reuse through SGLang's router, N servers per policy against one
+            (sglang-hybrid scaleout --help; docs/scale-out.md)
 """
 
 
@@ -33,6 +36,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from sglang_hybrid.store.cache_inspect import main as cache_main
 
         return cache_main(rest)
+    if command == "scaleout":
+        from sglang_hybrid.scaleout.bench import main as scaleout_main
+
+        return scaleout_main(rest)
     print(f"sglang-hybrid: unknown command {command!r}\n\n{USAGE}", end="", file=sys.stderr)
     return 2
 

@@ -10,34 +10,33 @@ Contract:
   ``/health_generate`` answers (a real one-token generation went through the scheduler), and
   reports progress while waiting through ``on_progress``. A server that exits or does not come up
   in ``startup_timeout_s`` raises ``ServerError`` carrying the tail of its log.
-- ``stop()`` sends SIGTERM to the group, waits, then SIGKILLs what is left; it is idempotent and
-  is what ``__exit__`` calls, so ``with CpuServer(...)`` never leaks a process, on errors and on
-  KeyboardInterrupt alike.
+- ``dp_size`` > 1 runs SGLang's data-parallel controller with that many scheduler processes, each
+  with its own cache. SGLang's CPU path binds every rank to a NUMA node unless
+  ``SGLANG_CPU_OMP_THREADS_BIND`` names cores per rank, and refuses more ranks than nodes; the
+  server sets it from this process's CPU affinity (``omp_binding``: cores split evenly, shared
+  round-robin when there are fewer cores than ranks) unless the caller's environment sets it.
+- Starting, stopping and the log follow ``cpu/process.py``'s contract: ``with CpuServer(...)``
+  never leaks a process; ``kill()`` is a crash (SIGKILL, no grace).
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
-import signal
 import socket
-import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Literal
+from typing import Literal
+
+from .process import ManagedProcess, ServerError
+
+__all__ = ["CACHE_KINDS", "CpuServer", "ServerConfig", "ServerError", "free_port", "omp_binding"]
 
 CacheKind = Literal["hybrid", "builtin", "off"]
 CACHE_KINDS: tuple[str, ...] = ("hybrid", "builtin", "off")
-
-
-class ServerError(RuntimeError):
-    """The server did not come up, or died."""
 
 
 def free_port() -> int:
@@ -58,6 +57,7 @@ class ServerConfig:
     chunked_prefill_size: int = 256
     host_cache_mib: int = 64
     enable_cache_report: bool = True
+    dp_size: int = 1
     extra: list[str] = field(default_factory=list)
 
     def argv(self) -> list[str]:
@@ -111,10 +111,46 @@ class ServerConfig:
                 args += ["--disable-radix-cache"]
         if self.enable_cache_report:
             args.append("--enable-cache-report")
+        if self.dp_size < 1:
+            raise ValueError(f"dp_size {self.dp_size}: expected at least 1")
+        if self.dp_size > 1:
+            args += ["--dp-size", str(self.dp_size)]
         return args + list(self.extra)
 
+    def env(self, base: dict[str, str]) -> dict[str, str]:
+        """The server's environment: ``base`` plus what SGLang needs on the CPU."""
+        env = dict(base, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1")
+        if self.dp_size > 1 and "SGLANG_CPU_OMP_THREADS_BIND" not in env:
+            env["SGLANG_CPU_OMP_THREADS_BIND"] = omp_binding(self.dp_size)
+        return env
 
-class CpuServer:
+
+def omp_binding(ranks: int, cores: list[int] | None = None) -> str:
+    """``SGLANG_CPU_OMP_THREADS_BIND`` for ``ranks`` scheduler ranks: ``"0|1"``, ``"0-3|4-7"``.
+
+    Each rank gets a contiguous share of ``cores`` (this process's affinity by default); with
+    fewer cores than ranks, ranks share cores round-robin (the CPU worker is light; a real model
+    would want one node per rank).
+    """
+    if ranks < 1:
+        raise ValueError(f"ranks {ranks}: expected at least 1")
+    cores = sorted(os.sched_getaffinity(0)) if cores is None else sorted(cores)
+    if not cores:
+        raise ValueError("no CPU cores to bind")
+    if len(cores) < ranks:
+        return "|".join(str(cores[r % len(cores)]) for r in range(ranks))
+    per = len(cores) // ranks
+    groups = [cores[r * per : (r + 1) * per] for r in range(ranks)]
+    return "|".join(_cpu_list(g) for g in groups)
+
+
+def _cpu_list(cores: list[int]) -> str:
+    if len(cores) > 1 and cores[-1] - cores[0] == len(cores) - 1:
+        return f"{cores[0]}-{cores[-1]}"
+    return ",".join(map(str, cores))
+
+
+class CpuServer(ManagedProcess):
     """A running ``launch_server`` (see the module contract)."""
 
     def __init__(
@@ -124,123 +160,27 @@ class CpuServer:
         startup_timeout_s: float = 600.0,
         on_progress: Callable[[str], None] | None = None,
     ) -> None:
+        super().__init__(log_path, startup_timeout_s, on_progress)
         self.config = config
-        self.log_path = log_path
-        self.startup_timeout_s = startup_timeout_s
-        self.on_progress = on_progress
-        self.proc: subprocess.Popen[bytes] | None = None
-        self._log: IO[bytes] | None = None
+        self.name = f"{config.cache} server"
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.config.port}"
 
-    def __enter__(self) -> CpuServer:
-        try:
-            self.start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    def start(self) -> None:
-        if self.proc is not None:
-            raise ServerError("already started")
+    def prepare(self) -> None:
         if self.config.port == 0:
             self.config.port = free_port()
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
-        env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1")
-        self.proc = subprocess.Popen(
-            self.config.argv(),
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-        )
-        self._wait_ready()
 
-    def _wait_ready(self) -> None:
-        t0 = time.monotonic()
-        last_note = t0
-        while True:
-            assert self.proc is not None
-            if self.proc.poll() is not None:
-                raise ServerError(
-                    f"the {self.config.cache} server exited with {self.proc.returncode} during "
-                    f"start-up; log {self.log_path}:\n{self.log_tail()}"
-                )
-            if self._ready():
-                return
-            now = time.monotonic()
-            if now - t0 > self.startup_timeout_s:
-                raise ServerError(
-                    f"the {self.config.cache} server was not ready after "
-                    f"{self.startup_timeout_s:.0f} s; log {self.log_path}:\n{self.log_tail()}"
-                )
-            if self.on_progress is not None and now - last_note >= 5.0:
-                last_note = now
-                self.on_progress(f"waiting for the server ({now - t0:.0f} s): {self.last_line()}")
-            time.sleep(0.5)
+    def argv(self) -> list[str]:
+        return self.config.argv()
 
-    def _ready(self) -> bool:
+    def env(self) -> dict[str, str]:
+        return self.config.env(dict(os.environ))
+
+    def ready(self) -> bool:
         try:
             with urllib.request.urlopen(f"{self.url}/health_generate", timeout=30) as r:
                 return r.status == 200
         except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
             return False
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def get_json(self, path: str) -> Any:
-        with urllib.request.urlopen(f"{self.url}{path}", timeout=60) as r:
-            return json.loads(r.read())
-
-    def post_json(self, path: str, body: Any, timeout_s: float = 300.0) -> tuple[int, Any]:
-        """POST ``body``; the status and the decoded answer (text when it is not JSON)."""
-        req = urllib.request.Request(
-            f"{self.url}{path}",
-            data=json.dumps(body).encode(),
-            headers={"Content-Type": "application/json"},
-        )
-        try:
-            with urllib.request.urlopen(req, timeout=timeout_s) as r:
-                status, raw = r.status, r.read()
-        except urllib.error.HTTPError as e:
-            status, raw = e.code, e.read()
-        try:
-            return status, json.loads(raw)
-        except ValueError:
-            return status, raw.decode(errors="replace")
-
-    def log_tail(self, n: int = 40) -> str:
-        try:
-            lines = self.log_path.read_text(errors="replace").splitlines()
-        except OSError:
-            return "(no log)"
-        return "\n".join(lines[-n:])
-
-    def last_line(self) -> str:
-        tail = self.log_tail(1).strip()
-        return tail[:120] if tail else "(nothing logged yet)"
-
-    def stop(self, grace_s: float = 20.0) -> None:
-        proc, self.proc = self.proc, None
-        if proc is not None and proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=grace_s)
-        if proc is not None:
-            # The group may outlive its leader (scheduler, detokenizer): SIGKILL whatever is left.
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=5)
-        if self._log is not None:
-            self._log.close()
-            self._log = None

@@ -5,7 +5,9 @@ Contract:
   prompts, ``max_new_tokens`` = its output length, greedy, EOS ignored) or OpenAI chat
   completions with messages (``chat_request``: the server renders its template). Its release is
   absolute (``arrival_s`` after the start, times ``time_scale``) or closed-loop (``delay_s`` after
-  every rid in ``after`` finished), as in ``trace.TraceRequest``.
+  every rid in ``after`` finished), as in ``trace.TraceRequest``. ``headers`` go with it (a
+  router's routing key, ``scaleout/bench.py``); ``replay(route=...)`` adds headers chosen at send
+  time, the lookup counted in the request's TTFT.
 - ``replay(url, requests, concurrency=...)`` sends every request, streaming, with at most
   ``concurrency`` in flight, and returns one ``LiveResult`` per request in input order: prompt,
   cached and completion tokens as the server reports them (``meta_info`` for ``/generate``;
@@ -26,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -36,6 +38,11 @@ from .trace import Trace
 
 class LiveError(ReplayError):
     """The server cannot be replayed against (unreachable, not SGLang-compatible)."""
+
+
+# Headers chosen per request at send time (the aiohttp session, the request): a client-side
+# placement in front of a router (``scaleout/placement.py``).
+Route = Callable[[Any, "LiveRequest"], Awaitable[dict[str, str]]]
 
 
 @dataclass(slots=True)
@@ -49,6 +56,7 @@ class LiveRequest:
     tag: str = ""
     session: str | None = None
     turn: int | None = None
+    headers: dict[str, str] = field(default_factory=dict)  # extra HTTP headers (routing keys)
 
 
 @dataclass(slots=True)
@@ -189,7 +197,9 @@ async def _stream_lines(resp: Any) -> Any:
         yield json.loads(payload)
 
 
-async def _send(client: Any, url: str, req: LiveRequest, t0: float) -> LiveResult:
+async def _send(
+    client: Any, url: str, req: LiveRequest, t0: float, route: Route | None = None
+) -> LiveResult:
     import aiohttp
 
     res = LiveResult(req.rid, req.tag, req.session, req.turn)
@@ -202,8 +212,11 @@ async def _send(client: Any, url: str, req: LiveRequest, t0: float) -> LiveResul
         path = "/generate"
     start = time.perf_counter()
     res.sent_at_s = start - t0
+    headers = dict(req.headers)
     try:
-        async with client.post(f"{url}{path}", json=body) as resp:
+        if route is not None:  # inside the timed span: TTFT includes the placement lookup
+            headers.update(await route(client, req))
+        async with client.post(f"{url}{path}", json=body, headers=headers or None) as resp:
             if resp.status != 200:
                 text = await resp.text()
                 res.error = f"HTTP {resp.status}: {_message(text)}"
@@ -274,6 +287,7 @@ async def replay(
     time_scale: float = 1.0,
     timeout_s: float = 900.0,
     on_result: Callable[[LiveResult], None] | None = None,
+    route: Route | None = None,
 ) -> list[LiveResult]:
     """Send ``requests`` (see the module contract); results in input order."""
     import aiohttp
@@ -310,7 +324,7 @@ async def replay(
                 if req.delay_s:
                     await asyncio.sleep(req.delay_s * time_scale)
                 async with gate:
-                    res = await _send(client, url, req, t0)
+                    res = await _send(client, url, req, t0, route)
                 results[req.rid] = res
                 if on_result is not None:
                     on_result(res)

@@ -1,0 +1,328 @@
+"""Reuse and TTFT through SGLang's router: N workers per policy against one server.
+
+``sglang-hybrid scaleout`` (or ``python -m sglang_hybrid.scaleout``) ``[--workloads agent,mooncake]
+[--workers 1,2,4] [--policies ...]``
+
+For each worker count N it starts N CPU servers (``--radix-cache hybrid``, the token worker: it
+computes nothing and answers deterministic tokens, so a run measures routing and caching, not a
+model) that split one memory budget N ways (``--total-kv-tokens``, default ``TOTAL_KV_TOKENS``;
+``--total-slots``, default ``TOTAL_SLOTS`` state slots), behind SGLang's router. N = 1 is the
+reference: one server with the whole budget. Running requests per server stay at ``RUNNING``
+(compute grows with the servers; memory does not). For each policy the router is restarted (its
+tree starts empty), every server's cache flushed, and the workload sent with ``replay/live.py``:
+
+- ``cache_aware``, ``round_robin``: the router alone, requests as a client sends them;
+- ``cache_aware_balanced``: ``cache_aware`` balancing past ``RUNNING`` requests of imbalance
+  rather than the router's default 64 (``ROUTER_POLICY``);
+- ``consistent_hashing``: each request carries ``X-SMG-Routing-Key`` = its affinity key
+  (``placement.affinity_key``: the session, else a digest of the first 512 token ids);
+- ``resume_aware``: ``placement.ResumeAwarePlacement`` — the deepest resume point the workers
+  report over ``/hybrid/boundaries``, sent through the router's target-worker header.
+
+Workloads (token ids to ``/generate``, no template hints): ``agent``, the replay's agent sessions
+(``--agent-sessions``, a session a second, think and tool times compressed 20x), and ``mooncake``,
+the first ``--mooncake-requests`` requests of the synthetic Mooncake trace at its own arrival
+times. Reuse is cached prompt tokens as the servers report them; each run also records every
+server's share of the prompt tokens (``/metrics``), which shows what a policy's balance costs.
+
+Writes ``scale_out.json``, ``scale_out.md`` and ``scale_out.png`` to ``--out``; servers' and
+routers' logs and per-request results to ``--raw``. Live runs are not repeatable to the token
+(requests meet in batches by wall-clock arrival), so compare ratios within one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shlex
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sglang_hybrid.cpu.server import ServerConfig
+from sglang_hybrid.replay.live import LiveRequest, from_trace, run_replay, summarize
+from sglang_hybrid.replay.results import percentile
+
+from .fleet import Fleet, WorkerCounters
+from .placement import ResumeAwarePlacement, keyed
+from .router import RouterConfig
+
+TOTAL_KV_TOKENS = 4 * 98_304  # the longest Mooncake prompt of the slice fits one of four servers
+TOTAL_SLOTS = 64
+RUNNING = 4
+CHUNK = 2048
+CONTEXT = 98_304
+POLICIES = (
+    "cache_aware",
+    "cache_aware_balanced",
+    "round_robin",
+    "consistent_hashing",
+    "resume_aware",
+)
+# What each measured policy runs on the router: (its policy, extra router flags).
+ROUTER_POLICY: dict[str, tuple[str, list[str]]] = {
+    # The router starts balancing only past 64 requests in flight (--balance-abs-threshold): at a
+    # few requests per server that is never, and cache_aware sends everything that shares a
+    # prefix to one server. Balanced: past one server's batch (RUNNING) of imbalance instead.
+    "cache_aware_balanced": ("cache_aware", ["--balance-abs-threshold", str(RUNNING)]),
+    "resume_aware": ("consistent_hashing", []),
+}
+WORKLOADS = ("agent", "mooncake")
+MOONCAKE = "../shared/traces/mooncake_synthetic_trace.jsonl"
+PACE = 0.05  # agent think / tool times compressed 20x, as live_steady_state.py
+CONCURRENCY = 16
+
+
+@dataclass(slots=True)
+class RunResult:
+    workload: str
+    workers: int
+    policy: str
+    summary: dict[str, Any]
+    ttft_p90_s: float
+    wall_s: float
+    per_worker: list[dict[str, int]] = field(default_factory=list)
+    resume_placed: int | None = None  # resume_aware: requests sent where a worker could resume
+
+
+def _say(msg: str) -> None:
+    print(f"[scale-out {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def workload(name: str, args: argparse.Namespace) -> list[LiveRequest]:
+    if name == "agent":
+        from sglang_hybrid.replay.generators.workload import agent_workload
+
+        trace = agent_workload(sessions=args.agent_sessions, session_rate_per_s=1.0, seed=0)
+    elif name == "mooncake":
+        from sglang_hybrid.replay.traces.mooncake import load_mooncake
+
+        path = Path(args.mooncake)
+        if not path.is_file():
+            raise SystemExit(f"the Mooncake trace {path} is missing: pass --mooncake PATH")
+        trace = load_mooncake(path, seed=0, limit=args.mooncake_requests)
+    else:
+        raise SystemExit(f"workload {name!r}: expected one of {', '.join(WORKLOADS)}")
+    return from_trace(trace)
+
+
+def server_config(model: Path, workers: int, kv_tokens: int, slots: int) -> ServerConfig:
+    return ServerConfig(
+        model,
+        cache="hybrid",
+        worker="tokens",
+        max_total_tokens=kv_tokens // workers,
+        max_mamba_cache_size=slots // workers,
+        max_running_requests=RUNNING,
+        chunked_prefill_size=CHUNK,
+        host_cache_mib=0,
+        extra=["--context-length", str(CONTEXT)],
+    )
+
+
+def _one_run(fleet: Fleet, name: str, reqs: list[LiveRequest], policy: str, raw: Path) -> RunResult:
+    n = len(fleet.servers)
+    router_policy, extra = ROUTER_POLICY.get(policy, (policy, []))
+    fleet.use_policy(router_policy, extra)
+    fleet.flush()
+    before = fleet.counters()
+    placement = None
+    if policy in ("consistent_hashing", "resume_aware"):
+        reqs = keyed([LiveRequest(**{**asdict(r), "headers": {}}) for r in reqs])
+    if policy == "resume_aware":
+        assert fleet.router is not None
+        order = [w["url"] for w in fleet.router.workers()]
+        placement = ResumeAwarePlacement([s.url for s in fleet.servers], order)
+    t0 = time.monotonic()
+    results = run_replay(
+        fleet.url,
+        reqs,
+        concurrency=CONCURRENCY,
+        time_scale=PACE if name == "agent" else 1.0,
+        route=placement,
+    )
+    wall = time.monotonic() - t0
+    after = fleet.counters()
+    per_worker = []
+    for b, a in zip(before, after, strict=True):
+        d = (a - b) if a is not None and b is not None else WorkerCounters(0, 0)
+        per_worker.append({"prompt_tokens": d.prompt_tokens, "cached_tokens": d.cached_tokens})
+    summary = summarize(results)
+    ttfts = [r.ttft_s for r in results if r.error is None and r.ttft_s == r.ttft_s]
+    out = raw / f"{name}-{n}w-{policy}.json"
+    out.write_text(json.dumps([asdict(r) for r in results]))
+    return RunResult(
+        name,
+        n,
+        policy,
+        summary,
+        percentile(ttfts, 90),
+        wall,
+        per_worker,
+        placement.placed_by_resume if placement is not None else None,
+    )
+
+
+def run(args: argparse.Namespace, on_result: Callable[[RunResult], None]) -> list[RunResult]:
+    from sglang_hybrid.cpu.tiny_model import write_tiny_model
+
+    raw = Path(args.raw)
+    raw.mkdir(parents=True, exist_ok=True)
+    model = write_tiny_model(raw / "tiny", "qwen3_next", seed=0)
+    loads = {w: workload(w, args) for w in args.workloads}
+    results: list[RunResult] = []
+    router = RouterConfig(worker_urls=[], health_check_interval_s=5)
+    for n in args.workers:
+        policies = ("round_robin",) if n == 1 else tuple(args.policies)
+        kv, slots = args.total_kv_tokens, args.total_slots
+        _say(f"{n} server(s), {kv // n:,} KV tokens and {slots // n} slots each")
+        cfg = server_config(model, n, kv, slots)
+        fdir = raw / f"{n}w"
+        with Fleet([cfg] * n, policies[0], fdir, router=router, on_progress=_say) as fleet:
+            for name, reqs in loads.items():
+                for policy in policies:
+                    label = policy if n > 1 else "single"
+                    _say(f"{name}: {len(reqs)} requests, {n} server(s), {label}")
+                    r = _one_run(fleet, name, reqs, policy, raw)
+                    if n == 1:
+                        r.policy = "single"
+                    results.append(r)
+                    on_result(r)
+    return results
+
+
+def _show(r: RunResult) -> None:
+    s = r.summary
+    _say(
+        f"  {r.workload} {r.workers}w {r.policy}: cached {s['cached_tokens']:,} of "
+        f"{s['prompt_tokens']:,} ({s['reuse']:.1%}), TTFT p50 {s['ttft_p50_s'] * 1e3:.0f} ms, "
+        f"{s['failed']} failed, {r.wall_s:.0f} s"
+    )
+
+
+def table(results: Sequence[RunResult]) -> str:
+    single = {r.workload: r for r in results if r.policy == "single"}
+    lines = [
+        "| workload | servers | policy | cached tokens | reuse | of one server's reuse | "
+        "busiest server's prompt share | TTFT p50 | TTFT p90 | failed |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        s = r.summary
+        ref = single.get(r.workload)
+        kept = (
+            f"{s['cached_tokens'] / ref.summary['cached_tokens']:.1%}"
+            if ref is not None and ref.summary["cached_tokens"]
+            else "-"
+        )
+        total = sum(w["prompt_tokens"] for w in r.per_worker)
+        busiest = max(w["prompt_tokens"] for w in r.per_worker) / total if total else 0.0
+        lines.append(
+            f"| {r.workload} | {r.workers} | {r.policy} | {s['cached_tokens']:,} | "
+            f"{s['reuse']:.1%} | {kept} | {busiest:.0%} | {s['ttft_p50_s'] * 1e3:.0f} ms | "
+            f"{r.ttft_p90_s * 1e3:.0f} ms | {s['failed']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot(results: Sequence[RunResult], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = sorted({r.workload for r in results})
+    fig, axes = plt.subplots(1, len(names), figsize=(6 * len(names), 4), squeeze=False)
+    for ax, name in zip(axes[0], names, strict=True):
+        rs = [r for r in results if r.workload == name]
+        ref = next((r for r in rs if r.policy == "single"), None)
+        counts = sorted({r.workers for r in rs if r.policy != "single"})
+        policies = [p for p in POLICIES if any(r.policy == p for r in rs)]
+        width = 0.8 / max(1, len(policies))
+        for i, p in enumerate(policies):
+            ys = []
+            for n in counts:
+                r = next((x for x in rs if x.workers == n and x.policy == p), None)
+                ys.append(r.summary["reuse"] * 100 if r else 0.0)
+            ax.bar(
+                [c + (i - (len(policies) - 1) / 2) * width for c in range(len(counts))],
+                ys,
+                width,
+                label=p,
+            )
+        if ref is not None:
+            ax.axhline(
+                ref.summary["reuse"] * 100, color="k", ls="--", label="one server, same memory"
+            )
+            ax.axhline(ref.summary["reuse"] * 90, color="k", ls=":", label="90 % of it")
+        ax.set_xticks(range(len(counts)), [f"{n} servers" for n in counts])
+        ax.set_ylabel("cached prompt tokens (%)")
+        ax.set_title(f"{name}: reuse through sglang-router")
+        ax.legend(fontsize=7, loc="lower right", framealpha=0.9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="sglang-hybrid scaleout",
+        description="Reuse and TTFT of --radix-cache hybrid servers behind SGLang's router.",
+    )
+    csv = lambda s: [x for x in s.split(",") if x]  # noqa: E731
+    p.add_argument("--workloads", type=csv, default=list(WORKLOADS))
+    p.add_argument("--workers", type=lambda s: [int(x) for x in csv(s)], default=[1, 2, 4])
+    p.add_argument("--policies", type=csv, default=list(POLICIES))
+    p.add_argument("--agent-sessions", type=int, default=8)
+    p.add_argument("--mooncake", default=MOONCAKE, help=f"the trace (default {MOONCAKE})")
+    p.add_argument("--mooncake-requests", type=int, default=200)
+    p.add_argument("--total-kv-tokens", type=int, default=TOTAL_KV_TOKENS)
+    p.add_argument("--total-slots", type=int, default=TOTAL_SLOTS)
+    p.add_argument("--out", default="docs/results/scale-out")
+    p.add_argument("--raw", default="out/scale-out")
+    args = p.parse_args(argv)
+    bad = [x for x in args.policies if x not in POLICIES]
+    if bad:
+        p.error(f"unknown policies {bad}: expected some of {', '.join(POLICIES)}")
+    bad = [x for x in args.workloads if x not in WORKLOADS]
+    if bad:
+        p.error(f"unknown workloads {bad}: expected some of {', '.join(WORKLOADS)}")
+    if 1 not in args.workers:
+        p.error("--workers must include 1 (the reference: one server with all the memory)")
+    kv, slots = args.total_kv_tokens, args.total_slots
+    if any(n < 1 or slots % n or kv % n for n in args.workers):
+        p.error(f"--workers: each count must divide {slots} slots and {kv} KV tokens")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse(argv)
+    # The tiny model declares 8k positions; the token worker computes nothing, so longer prompts
+    # only need SGLang to accept them.
+    os.environ["SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"] = "1"
+    results = run(args, _show)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    doc = {
+        "command": "python -m sglang_hybrid.scaleout "
+        + shlex.join(sys.argv[1:] if argv is None else argv),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": f"{platform.machine()}, {platform.python_version()}",
+        "total_kv_tokens": args.total_kv_tokens,
+        "total_slots": args.total_slots,
+        "running_per_server": RUNNING,
+        "results": [asdict(r) for r in results],
+    }
+    (out / "scale_out.json").write_text(json.dumps(doc, indent=1))
+    (out / "scale_out.md").write_text(f"`{doc['command']}` ({doc['date']})\n\n" + table(results))
+    plot(results, out / "scale_out.png")
+    print(table(results))
+    _say(f"wrote {out / 'scale_out.json'}, .md and .png")
+    failed = sum(r.summary["failed"] for r in results)
+    return 0 if failed == 0 else 1

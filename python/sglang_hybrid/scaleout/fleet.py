@@ -1,0 +1,140 @@
+"""N CPU servers behind one router, started together and stopped together.
+
+Contract:
+- ``Fleet(configs, policy, out_dir)`` starts one ``CpuServer`` per ``ServerConfig`` (all
+  launched at once, then waited for: start-up is mostly import time, so N servers come up in
+  little more than one's time), then a ``RouterProcess`` over their URLs. ``url`` is the router's.
+  ``--enable-metrics`` is added to every server, so ``counters()`` can read each one's prompt and
+  cached tokens from SGLang's own ``/metrics``.
+- ``use_policy(policy, extra)`` restarts the router alone with another policy and extra router
+  flags (the servers stay; the router's own prefix tree starts empty);
+  ``flush()`` empties every live server's prefix cache; ``kill_worker(i)`` crashes one server.
+- ``stop()`` (and ``__exit__``) stops the router and every server, whatever failed before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from sglang_hybrid.cpu.process import Lifecycle
+from sglang_hybrid.cpu.server import CpuServer, ServerConfig
+from sglang_hybrid.replay.live import flush_cache
+
+from .router import RouterConfig, RouterProcess
+
+_SAMPLE = re.compile(r"^(sglang:(?:prompt|cached)_tokens_total)\{[^}]*\}\s+(\S+)$")
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerCounters:
+    """A server's cumulative prompt and cached tokens, as SGLang's ``/metrics`` counts them."""
+
+    prompt_tokens: int
+    cached_tokens: int
+
+    def __sub__(self, other: WorkerCounters) -> WorkerCounters:
+        return WorkerCounters(
+            self.prompt_tokens - other.prompt_tokens, self.cached_tokens - other.cached_tokens
+        )
+
+
+def read_counters(url: str) -> WorkerCounters:
+    """Sum SGLang's ``sglang:prompt_tokens_total`` / ``cached_tokens_total`` over their labels."""
+    with urllib.request.urlopen(f"{url}/metrics", timeout=30) as r:
+        text = r.read().decode()
+    totals = {"sglang:prompt_tokens_total": 0.0, "sglang:cached_tokens_total": 0.0}
+    for line in text.splitlines():
+        m = _SAMPLE.match(line)
+        if m:
+            totals[m.group(1)] += float(m.group(2))
+    return WorkerCounters(
+        int(totals["sglang:prompt_tokens_total"]), int(totals["sglang:cached_tokens_total"])
+    )
+
+
+class Fleet(Lifecycle):
+    """Servers and their router (see the module contract)."""
+
+    def __init__(
+        self,
+        configs: Sequence[ServerConfig],
+        policy: str,
+        out_dir: Path,
+        *,
+        router: RouterConfig | None = None,
+        on_progress: Callable[[str], None] | None = None,
+    ) -> None:
+        if not configs:
+            raise ValueError("a fleet needs at least one server")
+        self.out_dir = out_dir
+        self.on_progress = on_progress
+        self.servers = [
+            CpuServer(
+                replace(c, extra=[*c.extra, "--enable-metrics"]),
+                out_dir / f"worker{i}.log",
+                on_progress=on_progress,
+            )
+            for i, c in enumerate(configs)
+        ]
+        self._router_template = router or RouterConfig(worker_urls=[])
+        self.policy = policy
+        self.router: RouterProcess | None = None
+        self._router_starts = 0
+
+    @property
+    def url(self) -> str:
+        if self.router is None:
+            raise RuntimeError("the fleet's router is not running")
+        return self.router.url
+
+    def start(self) -> None:
+        for s in self.servers:
+            s.launch()
+        for s in self.servers:
+            s.wait_ready()
+        self.use_policy(self.policy)
+
+    def use_policy(self, policy: str, extra: Sequence[str] = ()) -> None:
+        if self.router is not None:
+            self.router.stop()
+            self.router = None
+        self.policy = policy
+        cfg = replace(
+            self._router_template,
+            worker_urls=[s.url for s in self.servers],
+            policy=policy,
+            port=0,
+            extra=[*self._router_template.extra, *extra],
+        )
+        self._router_starts += 1
+        log = self.out_dir / f"router{self._router_starts}-{policy}.log"
+        self.router = RouterProcess(cfg, log, on_progress=self.on_progress)
+        self.router.start()
+
+    def flush(self) -> None:
+        for s in self.servers:
+            if s.alive():
+                flush_cache(s.url)
+
+    def counters(self) -> list[WorkerCounters | None]:
+        """Each server's counters; None for a server that is down."""
+        out: list[WorkerCounters | None] = []
+        for s in self.servers:
+            out.append(read_counters(s.url) if s.alive() else None)
+        return out
+
+    def kill_worker(self, i: int) -> None:
+        self.servers[i].kill()
+
+    def stop(self) -> None:
+        if self.router is not None:
+            with contextlib.suppress(Exception):
+                self.router.stop()
+            self.router = None
+        for s in self.servers:
+            s.stop()
