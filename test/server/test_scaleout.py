@@ -25,7 +25,7 @@ SESSIONS, TURNS, NEW = 3, 3, 8
 
 
 def _config(model: Path, cache: str, **kw: object) -> ServerConfig:
-    return ServerConfig(model, cache=cache, chunked_prefill_size=128, host_cache_mib=64, **kw)  # type: ignore[arg-type]
+    return ServerConfig(model, cache=cache, chunked_prefill_size=128, host_cache_mib=64, **kw)
 
 
 @pytest.fixture(scope="module")
@@ -85,16 +85,8 @@ def _via_router(fleet: Fleet, keyed: bool) -> dict[tuple[int, int], tuple[list[i
     router = fleet.router
 
     def send(s: int, ids: list[int]) -> dict:
-        import json
-        import urllib.request
-
-        body = {"input_ids": ids, "sampling_params": {"max_new_tokens": NEW, "temperature": 0}}
-        headers = {"Content-Type": "application/json"}
-        if keyed:
-            headers[ROUTING_KEY_HEADER] = f"session-{s}"
-        req = urllib.request.Request(f"{router.url}/generate", json.dumps(body).encode(), headers)
-        with urllib.request.urlopen(req, timeout=300) as r:
-            return json.loads(r.read())
+        headers = {ROUTING_KEY_HEADER: f"session-{s}"} if keyed else None
+        return generate(router, ids, NEW, headers=headers)
 
     return _conversations(send)
 

@@ -144,12 +144,19 @@ class ManagedProcess(Lifecycle):
         with urllib.request.urlopen(f"{self.url}{path}", timeout=timeout_s) as r:
             return json.loads(r.read())
 
-    def post_json(self, path: str, body: Any, timeout_s: float = 300.0) -> tuple[int, Any]:
-        """POST ``body``; the status and the decoded answer (text when it is not JSON)."""
+    def post_json(
+        self,
+        path: str,
+        body: Any,
+        timeout_s: float = 300.0,
+        headers: dict[str, str] | None = None,
+    ) -> tuple[int, Any]:
+        """POST ``body`` (with extra ``headers``); the status and the decoded answer (text when
+        it is not JSON)."""
         req = urllib.request.Request(
             f"{self.url}{path}",
             data=json.dumps(body).encode(),
-            headers={"Content-Type": "application/json"},
+            headers={"Content-Type": "application/json", **(headers or {})},
         )
         try:
             with urllib.request.urlopen(req, timeout=timeout_s) as r:

@@ -41,7 +41,7 @@ import shlex
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -134,7 +134,7 @@ def _one_run(fleet: Fleet, name: str, reqs: list[LiveRequest], policy: str, raw:
     before = fleet.counters()
     placement = None
     if policy in ("consistent_hashing", "resume_aware"):
-        reqs = keyed([LiveRequest(**{**asdict(r), "headers": {}}) for r in reqs])
+        reqs = keyed([replace(r, headers={}) for r in reqs])  # the bodies stay shared
     if policy == "resume_aware":
         assert fleet.router is not None
         order = [w["url"] for w in fleet.router.workers()]

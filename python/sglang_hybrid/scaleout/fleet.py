@@ -15,7 +15,6 @@ Contract:
 from __future__ import annotations
 
 import contextlib
-import re
 import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -27,7 +26,8 @@ from sglang_hybrid.replay.live import flush_cache
 
 from .router import RouterConfig, RouterProcess
 
-_SAMPLE = re.compile(r"^(sglang:(?:prompt|cached)_tokens_total)\{[^}]*\}\s+(\S+)$")
+# (prompt, cached): WorkerCounters' fields, in order.
+_COUNTERS = ("sglang:prompt_tokens_total", "sglang:cached_tokens_total")
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,17 +44,18 @@ class WorkerCounters:
 
 
 def read_counters(url: str) -> WorkerCounters:
-    """Sum SGLang's ``sglang:prompt_tokens_total`` / ``cached_tokens_total`` over their labels."""
+    """Sum SGLang's ``sglang:prompt_tokens_total`` / ``cached_tokens_total`` over their labels
+    (parsed by ``prometheus_client``, the library SGLang exports them with)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
     with urllib.request.urlopen(f"{url}/metrics", timeout=30) as r:
         text = r.read().decode()
-    totals = {"sglang:prompt_tokens_total": 0.0, "sglang:cached_tokens_total": 0.0}
-    for line in text.splitlines():
-        m = _SAMPLE.match(line)
-        if m:
-            totals[m.group(1)] += float(m.group(2))
-    return WorkerCounters(
-        int(totals["sglang:prompt_tokens_total"]), int(totals["sglang:cached_tokens_total"])
-    )
+    totals = dict.fromkeys(_COUNTERS, 0.0)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in totals:
+                totals[sample.name] += sample.value
+    return WorkerCounters(*(int(totals[name]) for name in _COUNTERS))
 
 
 class Fleet(Lifecycle):

@@ -248,8 +248,8 @@ class HybridRadixCache(LoadBack, Publisher, BasePrefixCache):
         """Drop everything. SGLang clears its pools right after (flush), freeing our slots too."""
         self.index = self._new_index()
         self._slot_ids = []
-        if self.coalescer is not None:  # its counters restart with the index's
-            self.coalescer.waiters_total = self.coalescer.holds_total = 0
+        if self.coalescer is not None:
+            self.coalescer.reset_counters()
 
     # ================================================================ match
     def match_prefix(self, params: MatchPrefixParams) -> MatchResult:

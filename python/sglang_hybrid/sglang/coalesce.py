@@ -40,6 +40,10 @@ WINDOW_PASSES = 4  # how far ahead in the queue (in passes' worth of prompt toke
 
 
 class Coalescer:
+    def reset_counters(self) -> None:
+        """The cache was reset: the counters restart with the new index's."""
+        self.waiters_total = self.holds_total = 0
+
     def __init__(self, cache: Any) -> None:
         self.cache = cache
         # sibling rid -> {frontier its prefill must stop at: requests held for it}

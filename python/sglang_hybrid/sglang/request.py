@@ -134,9 +134,11 @@ def token_bytes(tokens: Any, begin: int = 0, end: int | None = None) -> bytes:
         arr = np.frombuffer(tokens, dtype=np.int64, count=end - begin, offset=8 * begin)
     else:
         arr = np.asarray(tokens[begin:end], dtype=np.int64)
-    if arr.size and (int(arr.max()) > _INT32_MAX or int(arr.min()) < -_INT32_MAX - 1):
-        bad = int(arr.max()) if int(arr.max()) > _INT32_MAX else int(arr.min())
-        raise ValueError(f"token id {bad} does not fit the cache's int32 keys")
+    if arr.size:
+        hi, lo = int(arr.max()), int(arr.min())
+        if hi > _INT32_MAX or lo < -_INT32_MAX - 1:
+            bad = hi if hi > _INT32_MAX else lo
+            raise ValueError(f"token id {bad} does not fit the cache's int32 keys")
     return arr.astype(np.int32).tobytes()
 
 
