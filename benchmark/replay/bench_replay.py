@@ -90,6 +90,22 @@ RUNS: dict[str, list[str]] = {
         "32",
         f"--caches={ALL}",
     ],
+    # Issue #15, follow-up taps (the defaults since): hybrid alone on the runs above; SGLang's
+    # caches do not change, so their rows stay those of "mooncake-x4", "mooncake-host" and
+    # "agent". One budget per name, so the points can run side by side.
+    **{
+        f"mooncake-x4-followup-{b}": [*MC_X4, *NEXT_H200, "--budget-gib", b, "--caches=hybrid"]
+        for b in ("16", "32", "64")
+    },
+    "mooncake-host-followup": [
+        *MC_X4,
+        *NEXT_H200,
+        "--budget-gib",
+        "32",
+        "--host-gib=96",
+        "--caches=hybrid",
+    ],
+    "agent-followup": [*AGENT, "--budget-gib", "16", "32", "64", "128", "--caches=hybrid"],
     # Exploration, not a default: the hybrid backend with a denser tap ladder and four taps per
     # prompt on the stretched Mooncake trace (its taps are the knob that decides hint-less
     # traffic); "agent-ladder" checks the same options on the agent workload.

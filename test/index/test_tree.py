@@ -25,6 +25,31 @@ def test_insert_and_match_exact_tokens_and_extra_keys() -> None:
     assert len(m.path) == 1 and m.best is None
 
 
+@pytest.mark.parametrize("const", [False, True])
+def test_match_leaves_the_prompts_own_hashes_on_its_key(const: bool) -> None:
+    """The walk copies matched nodes' lookup hashes into the key instead of hashing (a chain's
+    only child is compared directly); every hash the key then holds is the one it would compute
+    itself, also when every hash collides."""
+    kw: dict = {"hash_fn": lambda data, seed: 42} if const else {}
+    idx, dev = make_index(), Device()
+    shared = list(range(1, 129))  # blocks 0-1 shared, then a fork at block 2
+    for tail in (range(500, 700), range(800, 1000)):
+        ids = shared + list(tail)
+        k = PromptKey.from_ids(ids, **kw)
+        lane = idx.open_lane(idx.match(k), None)
+        idx.commit(lane, k, len(ids), lambda b: dev.new())
+        idx.release(lane)
+    probe = shared + list(range(800, 1000)) + [7]
+    for miss_at in (None, 3):  # the whole path; a miss inside the chain below the fork
+        if miss_at is not None:
+            probe[64 * miss_at + 5] += 1
+        k = PromptKey.from_ids(probe, **kw)
+        m = idx.match(k)
+        own = PromptKey.from_ids(probe, **kw).ensure_hashes(k.full_blocks)
+        assert len(m.path) == (5 if miss_at is None else miss_at)
+        assert len(k.hashes) >= len(m.path) and k.hashes == own[: len(k.hashes)]
+
+
 def test_constant_lookup_hash_gives_no_false_hit() -> None:
     idx, dev = make_index(), Device()
     const = {"hash_fn": lambda data, seed: 42}

@@ -12,10 +12,11 @@ resumed state and every prefix KV slot before writing its own.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -151,6 +152,10 @@ class Driver:
     pools: Pools
     chunk: int = 2048
     check: bool = True
+    # SGLang's result processor holds the frees of a batch's results in a free group (the prompt
+    # end's checkpoint and the release at finish), ended once per batch outside the cache: with
+    # this, each request's result processing is such a batch (a chunk end is not one).
+    free_groups: bool = False
     cache_seconds: float = 0.0
     _timed: dict = field(default_factory=dict)
 
@@ -211,7 +216,8 @@ class Driver:
         out = [self._token(req)]
         req.output_ids.append(out[-1])
         if max_new > 1:
-            checkpoint_kv_cache(req, self.cache)  # the prompt end, as the result processor does
+            with self._result_frees():
+                checkpoint_kv_cache(req, self.cache)  # the prompt end, as the result processor does
         while len(out) < max_new:
             seq = len(req.origin_input_ids) + len(req.output_ids) - 1
             self._alloc_more(req, 1, decode=True)
@@ -219,8 +225,21 @@ class Driver:
             out.append(self._token(req))
             req.output_ids.append(out[-1])
         req.finished_reason = FINISH_LENGTH(length=len(out))
-        release_kv_cache(req, self.cache, checkpoint=True)
+        with self._result_frees():
+            release_kv_cache(req, self.cache, checkpoint=True)
         return Served(rid, len(prompt), cached, out, self.cache_seconds - t_before)
+
+    @contextlib.contextmanager
+    def _result_frees(self) -> Iterator[None]:
+        """A free group around one result's processing when ``free_groups`` (see there)."""
+        if not self.free_groups:
+            yield
+            return
+        self.pools.alloc.free_group_begin()
+        try:
+            yield
+        finally:
+            self.pools.alloc.free_group_end()
 
     def _abort(self, req: Req, rid: str, n: int, cached: int, t0: float) -> Served:
         # The scheduler's chunked-abort path: it offers the cache the last computed chunk first.

@@ -91,3 +91,23 @@ def test_snapshot_slots_are_extra_mamba_slots() -> None:
     assert cache.mamba_protected_size() == 0
     Driver(cache, pools).serve("a", toks(100), max_new=2)
     assert cache.mamba_protected_size() == 6
+
+
+@pytest.mark.parametrize("page", [1, 64])
+def test_result_free_groups_change_no_decision(page: int) -> None:
+    """``Driver.free_groups`` (the benchmark's setting): the frees of a result's processing held
+    in SGLang's free group until it ends change no hit, and the checking worker still proves
+    every resumed state and prefix slot."""
+    first, news = toks(700), [toks(150) for _ in range(4)]
+    cached: dict[bool, list[int]] = {}
+    for grouped in (False, True):
+        pools = build_pools(page)
+        d = Driver(hybrid_cache(pools, chunk=256), pools, chunk=256, free_groups=grouped)
+        prompt, hits = first, []
+        for i, new in enumerate(news):
+            r = d.serve(f"t{i}", prompt, max_new=30)
+            hits.append(r.cached)
+            prompt = prompt + r.output + new
+        d.check_idle()
+        cached[grouped] = hits
+    assert cached[True] == cached[False] and cached[True][-1] > 0

@@ -222,3 +222,19 @@ def test_aborts_while_coalescing_leave_nothing_behind(build) -> None:
     # to the divergence and the other two resume at it.
     assert rest[0] > 0 and rest[1:] == [960, 960]
     assert not h.cache.coalescer.holds and not h.cache.coalescer.cuts
+
+
+def test_token_id_follow_ups_resume_where_they_diverge(build) -> None:
+    """Issue #15: hint-less token-id conversations whose next turn rewrites the last 200 tokens
+    of the previous prompt. Once the cache has seen eight such follow-ups it taps each new prompt
+    where they leave it (n - 1 - 256, floored to the grid: 320 for 600 tokens), and the next turn
+    resumes there instead of from the start (its prompt-tail tap at 576 lies past the rewrite)."""
+    h = build(running=4, mamba=40)
+    got = []
+    for _ in range(11):
+        first = toks(600)
+        h.run(first)
+        got.append(h.run(first[:400] + toks(150)).cached_tokens)
+    print(f"\ntoken-id follow-ups, reuse per conversation: {got}")
+    assert got[:8] == [0] * 8 and got[8:] == [320] * 3
+    assert h.cache.index.followups.observations == 11

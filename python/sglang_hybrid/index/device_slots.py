@@ -60,6 +60,7 @@ class DeviceSnapshotSlots:
         sup_tick = 0.0
         device_only: Snapshot | None = None
         backed: Snapshot | None = None
+        resident = Residency.RESIDENT  # read once: an Enum member lookup is slow (node.py)
         for owner in self.owner:
             if not isinstance(owner, Snapshot) or owner.restore_pins:
                 continue
@@ -67,7 +68,7 @@ class DeviceSnapshotSlots:
                 tick = owner.superseded_tick if owner.superseded else math.inf
                 if superseded is None or tick < sup_tick:
                     superseded, sup_tick = owner, tick
-            elif owner.host_state is not Residency.RESIDENT:
+            elif owner.host_state is not resident:
                 if device_only is None or owner.h < device_only.h:
                     device_only = owner
             elif backed is None or owner.last_hit_tick < backed.last_hit_tick:

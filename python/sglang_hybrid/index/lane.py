@@ -17,6 +17,7 @@ from .snapshot import Snapshot
 class Lane:
     id: int
     enabled: bool  # False: the request was asked not to touch the cache (§7.7)
+    prompt_n: int = 0  # the prompt's length, marked on its last nodes at release (followups)
     path: list[BlockNode] = field(default_factory=list)  # nodes of blocks [0, len(path))
     resumed_from: Snapshot | None = None
     resumed_from_endpoint: bool = False

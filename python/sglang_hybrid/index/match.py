@@ -5,7 +5,11 @@ prefilled, so there is no full-hit path), selecting children by lookup hash and 
 compare. Then collect, deepest first, the snapshots anchored on that path whose tail tokens equal
 the prompt's and whose frontier F satisfies F <= n - 1 and lies outside every Vision span.
 
-O(k + snapshots on the path); no mutation. ``PrefixIndex.touch`` applies the recency of a hit.
+O(k + snapshots on the path); no mutation of the tree. ``PrefixIndex.touch`` applies the recency
+of a hit. Matched blocks are not hashed: a child whose tokens and extra key equal the prompt's
+block, under a parent matched the same way, carries exactly the chained lookup hash the prompt
+would compute for that block, so the walk copies it into the key (``key.hashes``) and hashes only
+where a parent has several children to choose from (and past the match, when a commit needs it).
 """
 
 from __future__ import annotations
@@ -16,8 +20,6 @@ from .keys import BLOCK_BYTES, BLOCK_TOKENS, PromptKey
 from .node import BlockNode, Residency
 from .snapshot import Snapshot
 from .tree import BlockTree
-
-HASH_BATCH = 512  # hashes computed ahead of the walk; a miss wastes at most this many
 
 
 class Match(NamedTuple):
@@ -44,15 +46,24 @@ def match_prompt(tree: BlockTree, key: PromptKey, limit: int | None = None) -> M
     resident, filling = Residency.RESIDENT, Residency.FILLING
     data, bb = key.data, BLOCK_BYTES
     hashes = key.hashes
+    known = len(hashes)  # hashes[:known] are the prompt's; known >= b at block b
     extra = key.extra if key.has_extras else None
+    add = path.append
+    end = 0  # byte offset of block b's end
     for b in range(kmax):
         children = node.children
         if not children:
             break
-        if b >= len(hashes):
-            key.ensure_hashes(min(kmax, b + HASH_BATCH))
-        child = children.get(hashes[b])
-        tokens = data[b * bb : (b + 1) * bb]
+        if b < known:
+            child = children.get(hashes[b])
+        elif node.n_children == 1:
+            # A chain: the only child matches or nothing does, whatever the hash would select.
+            (child,) = children.values()
+        else:
+            child = children.get(key.ensure_hashes(b + 1)[b])
+            known = b + 1
+        end += bb
+        tokens = data[end - bb : end]
         x = extra(b) if extra is not None else 0
         while child is not None and (child.tokens != tokens or child.extra != x):
             child = child.hash_next
@@ -60,13 +71,18 @@ def match_prompt(tree: BlockTree, key: PromptKey, limit: int | None = None) -> M
             if b:
                 branch = BLOCK_TOKENS * b
             break
-        if device_blocks < 0 and child.device_state is not resident:
-            device_blocks = b
-        # A restore still landing hides what lies beyond; a write-through in flight does not
-        # (the device copy it reads is intact and pinned by its lane).
-        if settled < 0 and child.device_state is filling:
-            settled = b
-        path.append(child)
+        if b == known:
+            hashes.append(child.lookup_hash)  # the prompt's own hash of block b (see above)
+            known += 1
+        state = child.device_state
+        if state is not resident:
+            if device_blocks < 0:
+                device_blocks = b
+            # A restore still landing hides what lies beyond; a write-through in flight does not
+            # (the device copy it reads is intact and pinned by its lane).
+            if settled < 0 and state is filling:
+                settled = b
+        add(child)
         node = child
     k = len(path)
     if device_blocks < 0:

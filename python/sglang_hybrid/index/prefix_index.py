@@ -34,11 +34,12 @@ from .config import CacheConfig
 from .cost import CostModel
 from .device_lru import DeviceLRU
 from .device_slots import STAGING, DeviceSnapshotSlots, SlotSource
+from .followups import WINDOW_TOKENS, FollowUpOffsets
 from .host_slabs import HostSlabPool
 from .keys import BLOCK_BYTES, BLOCK_TOKENS, PromptKey
 from .lane import Lane
 from .match import Match, match_prompt
-from .node import BlockNode, Residency
+from .node import BlockNode, FastResidency
 from .persist import Adopted, AdoptPlan, HostExport
 from .residency import DeviceResidency
 from .snapshot import Snapshot, SnapshotKind
@@ -46,7 +47,7 @@ from .taps import Tap, TapHint, TapPlanner
 from .transfers import HostTransfers
 from .tree import BlockTree
 
-R = Residency
+R = FastResidency  # Residency, read faster (node.py)
 
 
 class CommitKind(enum.IntEnum):
@@ -86,12 +87,13 @@ class PrefixIndex(DeviceResidency, HostTransfers):
             if config.has_host
             else None
         )
-        self.valuer = val.Valuer(cost, image_bytes, slab_bytes)
+        self.valuer = val.Valuer(cost, image_bytes, slab_bytes, host=config.has_host)
         self.planner = TapPlanner(
             max_new_taps=config.max_new_taps,
             ladder_tokens=config.tap_ladder_tokens,
             min_gap_tokens=config.tap_min_gap_tokens,
         )
+        self.followups = FollowUpOffsets()  # only open_lane observes; plan_taps reads
         self.snapshots: dict[int, Snapshot] = {}
         self.superseded: OrderedDict[Snapshot, None] = OrderedDict()  # oldest supersession first
         self.dead: OrderedDict[BlockNode, None] = OrderedDict()  # host KV no snapshot can reach
@@ -133,9 +135,15 @@ class PrefixIndex(DeviceResidency, HostTransfers):
     # ================================================================ lanes
     def open_lane(self, m: Match, source: Snapshot | None, *, enabled: bool = True) -> Lane:
         """Start a request resuming at ``source`` (None: the root). Pins its path (§6.4)."""
-        lane = Lane(id=self._next_lane, enabled=enabled)
+        lane = Lane(id=self._next_lane, enabled=enabled, prompt_n=m.n)
         self._next_lane += 1
         self.tick += 1
+        if m.branch_point is not None and m.path:
+            # The walk left the tree at the end of path[-1]: a follow-up diverged this far before
+            # the end of an earlier prompt that ran through there (``followups``).
+            x = m.path[-1]
+            if x.prompt_end > x.end:
+                self.followups.observe(x.prompt_end - x.end)
         if source is not None:
             if source.id not in self.snapshots:
                 raise ValueError(f"{source} is no longer in the index")
@@ -230,6 +238,12 @@ class PrefixIndex(DeviceResidency, HostTransfers):
             return
         self.unpin_sources(lane)
         self.tick += 1
+        n = lane.prompt_n
+        if lane.enabled and n:
+            # The prompt's last nodes learn its end: a later prompt leaving the tree there is an
+            # observation of ``followups`` (nodes ending in (n - WINDOW_TOKENS, n]).
+            for node in lane.path[max(0, (n - WINDOW_TOKENS) // BLOCK_TOKENS) : n // BLOCK_TOKENS]:
+                node.prompt_end = n
         lru, dead = self.lru, self.dead
         for node in reversed(lane.path):
             node.active_refs -= 1
@@ -280,6 +294,7 @@ class PrefixIndex(DeviceResidency, HostTransfers):
             existing=existing,
             vision_spans=key.vision_spans,
             branch_point=bp,
+            followup_offset=self.followups.offset(n - 1 - base),
             skip_opener=source is not None and source.kind is SnapshotKind.ENDPOINT,
         )
 
@@ -370,7 +385,9 @@ class PrefixIndex(DeviceResidency, HostTransfers):
         """
         k = frontier // BLOCK_TOKENS
         if len(lane.path) < k:
-            raise ValueError(f"publish at {frontier} before blocks [0, {64 * k}) were committed")
+            raise ValueError(
+                f"publish at {frontier} before blocks [0, {BLOCK_TOKENS * k}) were committed"
+            )
         if frontier % BLOCK_TOKENS and tail_device is None:
             raise ValueError(f"frontier {frontier} is inside a block and no tail was given")
         anchor = lane.path[k - 1] if k else self.tree.root

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from . import valuation as val
 from .keys import BLOCK_TOKENS
-from .node import BlockNode, Residency
+from .node import BlockNode, FastResidency
 from .snapshot import Snapshot
 
 if TYPE_CHECKING:
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from .tree import BlockTree
     from .valuation import Valuer
 
-R = Residency
+R = FastResidency  # Residency, read faster (node.py)
 
 
 class DeviceResidency:

@@ -7,8 +7,11 @@ Candidates, in priority order:
 3. the generation opener of the final assistant turn          exact
 4. structural boundaries (end of tools / leading system)      exact, Boundary
    protocol-automatic markers plan like structural ones       exact, Tap
-5. the prompt tail, n - 1                                     flexible
-6. the ladder n - G * 2^k, snapped back to a message
+5. the follow-up tap n - 1 - q, q learned from where later
+   prompts left earlier ones (``followups``, beyond the spec;
+   only for prompts without hints 1, 3, 4)                    exact, on the grid
+6. the prompt tail, n - 1                                     flexible
+7. the ladder n - G * 2^k, snapped back to a message
    boundary within the minimum gap                            flexible
 
 Every tap lies in (base, n - 1] and never strictly inside a Vision span (a candidate inside one
@@ -56,8 +59,9 @@ class TapSource(enum.IntEnum):
     OPENER = 3
     STRUCTURAL = 4
     AUTOMATIC = 5
-    TAIL = 6
-    LADDER = 7
+    FOLLOWUP = 6
+    TAIL = 7
+    LADDER = 8
 
 
 class TapHint(NamedTuple):
@@ -96,6 +100,7 @@ class TapPlanner:
         existing: Sequence[int] = (),
         vision_spans: Sequence[tuple[int, int]] = (),
         branch_point: int | None = None,
+        followup_offset: int | None = None,
         skip_opener: bool = False,
     ) -> list[Tap]:
         """Taps for a prompt of ``n`` tokens resuming at ``base``, sorted by position.
@@ -123,6 +128,18 @@ class TapPlanner:
         for tap in self._semantic_clusters(hints, skip_opener):
             if (p := snap(tap.position, True)) is not None:
                 cands.append(tap._replace(position=p))
+        # Only for prompts that carry no hint of where they will be resumed: a template's opener
+        # or structural marks or a client's breakpoints already say it, and on such traffic the
+        # learned tap only takes slots and supersessions from them (agent replay: +1 % prefill).
+        hinted = any(h.kind is not HintKind.MESSAGE for h in hints)
+        if (
+            followup_offset is not None
+            and not hinted
+            and (p := snap(n - 1 - followup_offset)) is not None
+        ):
+            # On the grid but exact: a pass must end there (a flexible tap would be taken at
+            # the next pass end, the prompt tail, which is what it is meant to precede).
+            cands.append(Tap(p, True, False, TapSource.FOLLOWUP))
         if (p := snap(n - 1)) is not None:
             cands.append(Tap(p, False, False, TapSource.TAIL))
         messages = [h.position for h in hints if h.kind is not HintKind.EXPLICIT]

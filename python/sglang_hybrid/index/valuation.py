@@ -132,9 +132,10 @@ def exclusive_path_bytes(s: Snapshot, slab_bytes: int) -> int:
     if s.superseded:
         return 0
     total = 0
+    resident = Residency.RESIDENT  # read once: an Enum member lookup is slow (node.py)
     node: BlockNode | None = s.anchor
     while node is not None and not node.is_root and node.retained_below == 1:
-        if node.host_state is Residency.RESIDENT:
+        if node.host_state is resident:
             total += slab_bytes
         node = node.parent
     return total
@@ -162,11 +163,16 @@ def sole_retained_below(node: BlockNode) -> Snapshot | None:
 class Valuer:
     """Computes C, Z and H for snapshots with one cost model and one geometry."""
 
-    def __init__(self, cost: CostModel, image_bytes: int, slab_bytes: int) -> None:
+    def __init__(
+        self, cost: CostModel, image_bytes: int, slab_bytes: int, *, host: bool = True
+    ) -> None:
         self.cost = cost
         self.image_bytes = image_bytes
         self.slab_bytes = slab_bytes
         self.restore_image_s = cost.restore_seconds(image_bytes)
+        # Without a host tier no node is host-resident, so every exclusive path holds 0 bytes:
+        # skip that O(path) walk, run on every revaluation.
+        self.host = host
 
     # The spec's three formulas, each written once (§9.3); the float operations and their order
     # are what every caller computed before, so values are bit-identical.
@@ -187,7 +193,8 @@ class Valuer:
         """(C, Z, H) of ``s`` from the current tree, without storing them."""
         a = nearest_retained_above(s)
         c = self._c(a.frontier if a is not None else 0, s.frontier)
-        z = float(self._z(s.has_tail, exclusive_path_bytes(s, self.slab_bytes)))
+        path_bytes = exclusive_path_bytes(s, self.slab_bytes) if self.host else 0
+        z = float(self._z(s.has_tail, path_bytes))
         return c, z, self._h(s.l_at, s.hits + s.demand, c, z)
 
     def revalue(self, s: Snapshot) -> None:

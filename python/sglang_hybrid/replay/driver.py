@@ -37,6 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..index.keys import BLOCK_TOKENS
+from ..sglang.pages import ceil_to
 from .budget import DEFAULT_MAMBA_RATIO, PoolPlan, plan_pools
 from .caches import (
     cache_environment,
@@ -128,7 +130,7 @@ def replay(
     plan = plan_for(cache, settings)
     everything = [*trace.requests, *(warmup.requests if warmup is not None else ())]
     longest = max((r.n + r.output_len for r in everything), default=1)
-    if longest + 64 > plan.kv_tokens:
+    if longest + BLOCK_TOKENS > plan.kv_tokens:
         raise ReplayError(
             f"{cache}: the budget gives {plan.kv_tokens} KV tokens, but a request needs "
             f"{longest}; raise the budget or drop the request"
@@ -139,7 +141,7 @@ def replay(
         plan,
         chunk=settings.chunk,
         max_prefill_tokens=settings.max_prefill_tokens,
-        context_length=-(-(longest + 64) // 64) * 64,
+        context_length=ceil_to(longest + BLOCK_TOKENS, BLOCK_TOKENS),
         tail_tap=settings.tail_tap,
         coalesce=settings.coalesce,
         tap_mode=settings.tap_mode,

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from .errors import ReplayError
+from .results import percentile
 from .trace import Trace
 
 
@@ -354,6 +355,7 @@ def summarize(results: Sequence[LiveResult]) -> dict[str, Any]:
         "prefilled_tokens": prompt - cached,
         "reuse": cached / prompt if prompt else 0.0,
         "ttft_mean_s": sum(ttfts) / len(ttfts) if ttfts else float("nan"),
-        "ttft_p50_s": ttfts[len(ttfts) // 2] if ttfts else float("nan"),
+        # One percentile definition for modelled and live figures (nearest rank, ``results``).
+        "ttft_p50_s": percentile(ttfts, 50),
         "ttft_total_s": sum(ttfts),
     }

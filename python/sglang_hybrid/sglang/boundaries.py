@@ -49,6 +49,7 @@ _ORIGIN = {
     TapSource.OPENER: "opener",
     TapSource.STRUCTURAL: "structural",
     TapSource.AUTOMATIC: "structural",  # protocol-automatic markers plan like structural ones
+    TapSource.FOLLOWUP: "follow-up",
     TapSource.TAIL: "tail",
     TapSource.LADDER: "ladder",
 }

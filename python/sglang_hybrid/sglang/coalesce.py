@@ -62,10 +62,16 @@ class Coalescer:
         self._held_now: list[str] | None = None
 
     # ------------------------------------------------------------ the pass
-    def select(self, scheduler: Any) -> list[Any]:
-        """The waiting requests to hold out of this admission pass (registers sibling cuts)."""
+    def select(self, scheduler: Any, exclude: frozenset[str] = frozenset()) -> list[Any]:
+        """The waiting requests to hold out of this admission pass (registers sibling cuts).
+
+        ``exclude``: rids already held this pass (restores in flight); they still count as
+        waiting for the queue's demand, so their blocks are not re-indexed every pass.
+        """
         queue = scheduler.waiting_queue
         self._reconcile(queue)
+        if exclude:
+            queue = [r for r in queue if r.rid not in exclude]
         if not queue:
             self.holds.clear()
             self._held, self._window_seen = [], ()
@@ -248,16 +254,9 @@ def around_prefill_pass(orig: Any, scheduler: Any, *args: Any, **kwargs: Any) ->
         return orig(scheduler, *args, **kwargs)
     held = cache.held_for_restores(scheduler.waiting_queue)
     if cache.coalescer is not None:
-        if held:  # a restoring request neither coalesces nor is anyone's sibling this pass
-            restoring = {r.rid for r in held}
-            queue = scheduler.waiting_queue
-            scheduler.waiting_queue = [r for r in queue if r.rid not in restoring]
-            try:
-                held = held + cache.coalescer.select(scheduler)
-            finally:
-                scheduler.waiting_queue = queue
-        else:
-            held = cache.coalescer.select(scheduler)
+        # A restoring request neither coalesces nor is anyone's sibling this pass.
+        restoring = frozenset(r.rid for r in held)
+        held = held + cache.coalescer.select(scheduler, exclude=restoring)
     if not held:
         return orig(scheduler, *args, **kwargs)
     order = list(scheduler.waiting_queue)

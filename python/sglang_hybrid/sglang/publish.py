@@ -108,7 +108,11 @@ class Publisher:
                     handle.prefix_len - host, host, max(0, state.n_prompt - handle.prefix_len)
                 )
         row = self.req_to_token_pool.req_to_token[req.kv.req_pool_idx]
-        key = key_for(state, req.full_untruncated_fill_ids, up_to)
+        # Everything below reads the key's tokens before ``up_to`` only, so a chunk end takes the
+        # request's own key, not a prefix copy: the hashes its commit computes stay with it.
+        key = state.key
+        if up_to > key.n:
+            key = key_for(state, req.full_untruncated_fill_ids, up_to)
         self._commit(lane, key, row, up_to)
         protected = BLOCK_TOKENS * len(lane.path)
         if handle.inpass:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
+from ...index.keys import BLOCK_TOKENS
 from ..trace import TraceRequest
 from .compaction import CompactionConfig, compact, head_messages
 from .content import ContentSource
@@ -77,7 +78,7 @@ class AgentGenerator:
         self.tools = [
             self.content.text(rng.randint(*config.tool_def_tokens)) for _ in range(config.tools)
         ]
-        if self.conversation().prompt().hint_positions[0] % 64 == 0:
+        if self.conversation().prompt().hint_positions[0] % BLOCK_TOKENS == 0:
             # Keep the preamble's end inside a block: the case SGLang's own cache misses.
             self.system.content = self.content.text(config.system_tokens + 1)
 
