@@ -131,10 +131,9 @@ class TapPlanner:
         # Only for prompts that carry no hint of where they will be resumed: a template's opener
         # or structural marks or a client's breakpoints already say it, and on such traffic the
         # learned tap only takes slots and supersessions from them (agent replay: +1 % prefill).
-        hinted = any(h.kind is not HintKind.MESSAGE for h in hints)
         if (
             followup_offset is not None
-            and not hinted
+            and all(h.kind is HintKind.MESSAGE for h in hints)
             and (p := snap(n - 1 - followup_offset)) is not None
         ):
             # On the grid but exact: a pass must end there (a flexible tap would be taken at
