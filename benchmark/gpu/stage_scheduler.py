@@ -639,11 +639,11 @@ def run_config(ctx: Ctx, name: str, programs: list[str], model: Path, chat: Any)
                     sched.run_until_idle()
                 elif isinstance(step, EvictDevice):
                     tc = sched.tree_cache
-                    if tc.host is not None:
+                    if tc.host_tier is not None:
                         tc.evict(EvictParams(num_tokens=1 << 30))
                         for s in list(tc.index.snapshots.values()):
                             if s.image_on_host and s.image_on_device and not s.restore_pins:
-                                tc.index._drop_image_device(s)
+                                tc.index.drop_image_device(s)
                 for rid, res in sched.results().items():
                     if res.finished:
                         results[rid] = res
@@ -669,7 +669,7 @@ def run_config(ctx: Ctx, name: str, programs: list[str], model: Path, chat: Any)
             "provenance_problem_count": len(worker.problems),
             "retractions": sum(getattr(r, "retraction_count", 0) for r in reqs.values()),
             "coalesce_waiters": tc.stats().get("coalesce_waiters"),
-            "host_restored_bytes": tc.host.restored_bytes if tc.host is not None else 0,
+            "host_restored_bytes": tc.host_tier.restored_bytes if tc.host_tier is not None else 0,
             "run_s": run_s,
             "verify_s": verify_s,
             "expected_reuse": expected_reuse(name, results, asked),

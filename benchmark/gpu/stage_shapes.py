@@ -209,7 +209,7 @@ def one_case(ctx: Ctx, model: str, shape: ModelShape, tp: int, page: int) -> dic
     try:
         build_s = time.perf_counter() - t0
         cache = sched.tree_cache
-        timer = Timer(cache.host, ctx.device)
+        timer = Timer(cache.host_tier, ctx.device)
         rng = torch.Generator().manual_seed(tp * 100 + page)
         prompt = torch.randint(10, 2000, (prompt_len,), generator=rng).tolist()
         sched.submit("a", prompt, 2)
@@ -218,7 +218,7 @@ def one_case(ctx: Ctx, model: str, shape: ModelShape, tp: int, page: int) -> dic
         cache.evict(EvictParams(num_tokens=1 << 30))  # every device copy backed on the host
         for snap in list(cache.index.snapshots.values()):
             if snap.image_on_host and snap.image_on_device and not snap.restore_pins:
-                cache.index._drop_image_device(snap)
+                cache.index.drop_image_device(snap)
         turn2 = [
             *prompt,
             *first.output_ids,
@@ -248,7 +248,7 @@ def one_case(ctx: Ctx, model: str, shape: ModelShape, tp: int, page: int) -> dic
             "prompt": prompt_len,
             "resumed_at": second.cached_tokens,
             "endpoint": prompt_len + len(first.output_ids) - 1,
-            "restored_bytes": cache.host.restored_bytes,
+            "restored_bytes": cache.host_tier.restored_bytes,
             "calls": {},
         }
         for name, calls in timer.calls.items():

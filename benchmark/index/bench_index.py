@@ -39,7 +39,7 @@ def make_index(host_slabs: int = 0, slots: int = 16) -> PrefixIndex:
     cfg = CacheConfig(
         host_cache_bytes=host_slabs * 4096,
         device_snapshot_slots=slots,
-        max_new_taps=8,
+        taps_per_request=8,
         tap_ladder_tokens=16384,
         tap_min_gap_tokens=8192,
         chunk_tokens=8192,
@@ -130,10 +130,10 @@ def bench_eviction(repeat: int) -> dict:
             s = idx.publish(
                 lane, key, f, slot, SnapshotKind.ENDPOINT, tail_device=tail, tail_device_tokens=64
             )
-            if s is not None and idx.plan_image_write(s) is not None:
-                idx.complete_image_write(s)
+            if s is not None and idx.transfers.plan_image_write(s) is not None:
+                idx.transfers.complete_image_write(s)
                 published += 1
-        idx.complete_writes(idx.plan_writes(lane))
+        idx.transfers.complete_writes(idx.transfers.plan_writes(lane))
         idx.release(lane)
     idx.drain_freed_device()
     times = []

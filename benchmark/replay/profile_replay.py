@@ -57,7 +57,7 @@ def main() -> int:
     stats = pstats.Stats(prof)
     own: dict[str, float] = {}
     total = 0.0
-    for (filename, _, _), (_, _, tottime, _, _) in stats.stats.items():  # type: ignore[attr-defined]
+    for (filename, _, _), (_, _, tottime, _, _) in stats.stats.items():  # type: ignore[attr-defined]  # set at runtime, not in typeshed
         total += tottime
         group = next((g for g, key in GROUPS if key in filename), "other (python, numpy, builtins)")
         own[group] = own.get(group, 0.0) + tottime

@@ -121,7 +121,7 @@ def run(mode: str, tokens: int, model: Path, device: str = "cpu") -> dict[str, A
 
     n = tokens
     kv_mib = n * tiny_kv_bytes_per_token(model) / 2**20
-    opts = HybridOptions(host_cache_mib=int(4 * kv_mib) + 64, host_copy=mode)  # type: ignore[arg-type]
+    opts = HybridOptions(host_cache_mib=int(4 * kv_mib) + 64, host_copy=mode)  # type: ignore[arg-type]  # a CopyMode string
     clock = CacheClock()
     saved = _install(clock)
     rng = __import__("random").Random(0)
@@ -159,7 +159,7 @@ def run(mode: str, tokens: int, model: Path, device: str = "cpu") -> dict[str, A
             if cond():
                 return
             step()
-        host = sched.tree_cache.host
+        host = sched.tree_cache.host_tier
         import faulthandler
 
         faulthandler.dump_traceback(all_threads=True)  # where a copy worker is stuck
@@ -174,7 +174,7 @@ def run(mode: str, tokens: int, model: Path, device: str = "cpu") -> dict[str, A
 
     try:
         cache = sched.tree_cache
-        host = cache.host
+        host = cache.host_tier
         sched.submit("decoder", toks(64), n)  # decodes throughout
         until(lambda: len(steps) >= 40)
         conv = toks(n)

@@ -98,7 +98,7 @@ def build_reason() -> str:
     return st.get("reason") or ("built" if st.get("built") else "skipped")
 
 
-def int64_array(values: list[int]) -> ctypes.Array:  # type: ignore[type-arg]
+def int64_array(values: list[int]) -> ctypes.Array[ctypes.c_int64]:
     return (ctypes.c_int64 * max(1, len(values)))(*values)
 
 

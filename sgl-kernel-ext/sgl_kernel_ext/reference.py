@@ -95,4 +95,5 @@ def gather_conv_taps(
             idx = col[:, None, :].expand(n, dim, w).to(dev)
             iv = torch.gather(inc, 2, idx).to(dt)
             out = iv if out is None else torch.where(sel, out, iv)
+        assert out is not None  # n > 0 and W >= 1 (ops checks): x or incoming fills it
         conv_states[layer][s] = out

@@ -169,7 +169,8 @@ def test_state_tap_equals_the_state_of_a_run_ending_there(make_scheduler, qwen35
 
 
 def test_model_worker_refuses_a_bf16_conv_state(monkeypatch):
-    from sglang_hybrid.cpu.install import CONV_DTYPE_ENV, install_cpu_worker
+    from sglang_hybrid.cpu.conv_dtype import CONV_DTYPE_ENV
+    from sglang_hybrid.cpu.install import install_cpu_worker
 
     monkeypatch.setenv(CONV_DTYPE_ENV, "bfloat16")
     with pytest.raises(RuntimeError, match="float32"):

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from sglang_hybrid.demo.report import CacheRun, mismatches, ratios, table, totals, write_json
-from sglang_hybrid.demo.session import agent_session
+from sglang_hybrid.replay.chat_session import agent_session
 from sglang_hybrid.replay.live import LiveResult
 
 

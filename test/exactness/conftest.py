@@ -132,7 +132,7 @@ def run_config(make_scheduler, model_dir: Path, chat: Chat, name: str) -> Run:
                     tc.evict(EvictParams(num_tokens=1 << 30))
                     for s in list(tc.index.snapshots.values()):
                         if s.image_on_host and s.image_on_device and not s.restore_pins:
-                            tc.index._drop_image_device(s)
+                            tc.index.drop_image_device(s)
             for rid, res in sched.results().items():
                 if rid not in run.results and res.finished:
                     run.results[rid] = res
@@ -146,11 +146,11 @@ def run_config(make_scheduler, model_dir: Path, chat: Chat, name: str) -> Run:
                 break
         tc = sched.tree_cache
         if hasattr(tc, "index"):
-            host = getattr(tc, "host", None)
+            host = getattr(tc, "host_tier", None)
             run.cache[pname] = dict(
                 stats=tc.index.stats,
                 restored_blocks=host.restored_blocks if host else 0,
-                taps_in_pass=tc.taps_in_pass,
+                taps_in_pass=tc.publisher.taps_in_pass,
                 nodes_by_depth=_depths(tc.index),
             )
     return run

@@ -13,8 +13,8 @@ from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import Any
 
-from sglang_hybrid.demo.session import WORDS
 from sglang_hybrid.index import HintKind, TapHint, TapPlanner
+from sglang_hybrid.replay.chat_session import WORDS
 from sglang_hybrid.sglang.chat_hints import hints_envelope, message_boundaries
 
 CHUNK = 128
@@ -148,7 +148,7 @@ def deep_edit_expectation(
     flexible one where it was captured, else on the first call boundary at or after it (spec
     §7.1: flexible taps ride on chunk ends). The deepest of those at or below the edit."""
     edit = next(i for i, (a, b) in enumerate(zip(req1.ids, req2.ids)) if a != b)
-    taps = TapPlanner(max_new_taps=TAPS, ladder_tokens=LADDER, min_gap_tokens=MIN_GAP).plan(
+    taps = TapPlanner(taps_per_request=TAPS, ladder_tokens=LADDER, min_gap_tokens=MIN_GAP).plan(
         len(req1.ids), 0, req1.hints
     )
     ends = sorted(end for _, end in pieces1)

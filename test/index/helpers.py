@@ -33,7 +33,7 @@ def make_index(
     cfg = CacheConfig(
         host_cache_bytes=host_slabs * slab_bytes,
         device_snapshot_slots=slots,
-        max_new_taps=taps,
+        taps_per_request=taps,
         tap_ladder_tokens=ladder,
         tap_min_gap_tokens=min_gap,
         chunk_tokens=256,
@@ -112,11 +112,11 @@ def run(
         elif tail is not None:
             dev.live.discard(tail)  # a duplicate leaves the tail with the caller
     if write and index.host is not None:
-        w = index.plan_writes(lane)
-        index.complete_writes(w)
+        w = index.transfers.plan_writes(lane)
+        index.transfers.complete_writes(w)
         for s in out:
-            if s.id in index.snapshots and index.plan_image_write(s) is not None:
-                index.complete_image_write(s)
+            if s.id in index.snapshots and index.transfers.plan_image_write(s) is not None:
+                index.transfers.complete_image_write(s)
     index.release(lane)
     dev.collect(index)
     index.check_integrity()

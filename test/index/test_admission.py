@@ -15,9 +15,9 @@ def _setup():
     tap, end = run(idx, dev, X[:400], taps=[128], page=64)  # the tail takes a whole page
     # Drop device copies of everything but blocks 0-1: the endpoint becomes host-only on its path.
     for node in idx.match(key(X[:400])).path[2:]:
-        idx._drop_node_device(node)
-    idx._drop_tail_device(end)
-    idx._drop_image_device(end)
+        idx.residency.drop_node_device(node)
+    idx.residency.drop_tail_device(end)
+    idx.drop_image_device(end)
     dev.collect(idx)
     idx.check_integrity()
     m = idx.match(key(X[:500]))
@@ -59,10 +59,10 @@ def test_quote_goes_stale_when_the_cache_changes() -> None:
 def test_filling_blocks_are_skipped_as_candidates() -> None:
     idx, m, tap, end = _setup()
     node = m.path[3]
-    idx.begin_node_fill(node, "dst")
+    idx.transfers.begin_node_fill(node, "dst")
     m2 = idx.match(key(X[:500]))
     assert m2.settled_blocks == 3 and m2.best is tap  # end's path crosses a filling block
-    idx.finish_node_fill(node)
+    idx.transfers.finish_node_fill(node)
     assert node.device_state is Residency.RESIDENT
     assert idx.match(key(X[:500])).best is end
     idx.check_integrity()
@@ -77,7 +77,7 @@ def test_a_commit_stops_before_a_block_still_filling() -> None:
 
     idx, m, _, _ = _setup()
     node = m.path[3]
-    idx.begin_node_fill(node, "dst")
+    idx.transfers.begin_node_fill(node, "dst")
     k = key(X[:400])
     lane = idx.open_lane(idx.match(k), None)
     dev = Device()
@@ -88,7 +88,7 @@ def test_a_commit_stops_before_a_block_still_filling() -> None:
         (2, CommitKind.ADOPTED),
     ]
     assert len(lane.path) == 3
-    idx.finish_node_fill(node)
+    idx.transfers.finish_node_fill(node)
     got = idx.commit(lane, k, 6 * 64, lambda b: dev.new())  # the next pass resumes there
     assert [(b, kind) for b, _, kind in got] == [
         (3, CommitKind.DUPLICATE),

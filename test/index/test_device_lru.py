@@ -55,11 +55,9 @@ def test_pinned_entries_are_never_returned() -> None:
     k = PromptKey.from_ids(ids)
     m = idx.match(k)
     node = m.path[0]
-    node.restore_pins += 1
-    idx._node_changed(node)
+    idx.transfers.pin_for_prefetch([node])  # a restore pin, as a prefetch takes
     idx.evict_device(10_000)
     dev.collect(idx)
     assert node.device is not None and node.parent is idx.tree.root
-    node.restore_pins -= 1
-    idx._node_changed(node)
+    idx.transfers.unpin_for_prefetch([node])
     idx.check_integrity()

@@ -56,10 +56,10 @@ def test_the_histogram_follows_a_change_of_traffic() -> None:
 
 
 def test_planner_places_the_follow_up_tap_before_the_tail() -> None:
-    planner = TapPlanner(max_new_taps=1, ladder_tokens=16384, min_gap_tokens=8192)
+    planner = TapPlanner(taps_per_request=1, ladder_tokens=16384, min_gap_tokens=8192)
     taps = planner.plan(10_000, 0, followup_offset=512)
     assert [(t.position, t.source) for t in taps] == [(9472, TapSource.FOLLOWUP)]
-    planner = TapPlanner(max_new_taps=2, ladder_tokens=16384, min_gap_tokens=8192)
+    planner = TapPlanner(taps_per_request=2, ladder_tokens=16384, min_gap_tokens=8192)
     taps = planner.plan(10_000, 0, followup_offset=512)
     assert [t.source for t in taps] == [TapSource.FOLLOWUP, TapSource.TAIL]
     # Within a block of the tail it collapses onto it (one state, not two).
@@ -70,7 +70,7 @@ def test_planner_places_the_follow_up_tap_before_the_tail() -> None:
 def test_hinted_prompts_get_no_follow_up_tap() -> None:
     """A template's opener or a client's breakpoint already says where the prompt resumes;
     message boundaries alone (they only snap the ladder) do not."""
-    planner = TapPlanner(max_new_taps=4, ladder_tokens=16384, min_gap_tokens=8192)
+    planner = TapPlanner(taps_per_request=4, ladder_tokens=16384, min_gap_tokens=8192)
     for kind in (HintKind.OPENER, HintKind.STRUCTURAL, HintKind.EXPLICIT, HintKind.AUTOMATIC):
         taps = planner.plan(10_000, 0, [TapHint(3000, kind)], followup_offset=512)
         assert TapSource.FOLLOWUP not in {t.source for t in taps}, kind

@@ -113,7 +113,7 @@ def test_image_write_displaces_only_snapshots_worth_no_more() -> None:
     assert big.h == pytest.approx(384 / 1600)
     (small,) = run(idx, dev, list(range(7000, 7100)), taps=[64], endpoint=False, write=False)
     assert small.h < big.h
-    assert idx.plan_image_write(small) is None  # would have to evict something worth more
+    assert idx.transfers.plan_image_write(small) is None  # would have to evict something worth more
     assert idx.stats.image_writes_refused == 1
     assert small.host_state is Residency.ABSENT and big.host_state is Residency.RESIDENT
     idx.check_integrity()
@@ -134,7 +134,7 @@ def test_size_counts_only_host_resident_exclusive_blocks() -> None:
     k = key(list(range(1, 200)))
     lane = idx.open_lane(idx.match(k), s)
     idx.unpin_sources(lane)
-    idx.complete_writes(idx.plan_writes(lane))
+    idx.transfers.complete_writes(idx.transfers.plan_writes(lane))
     idx.release(lane)
     assert s.size == 1000 + 2 * 100
     idx.check_integrity()

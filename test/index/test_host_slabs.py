@@ -46,11 +46,11 @@ def test_budget_below_one_snapshot_plus_one_block_is_rejected() -> None:
 def test_config_defaults_follow_the_host_tier() -> None:
     with_host = resolve_config(concurrency=8, chunk_tokens=8192)
     assert with_host.host_cache_bytes == 8192 << 20
-    assert with_host.device_snapshot_slots == 9 and with_host.max_new_taps == 8
+    assert with_host.device_snapshot_slots == 9 and with_host.taps_per_request == 8
     assert with_host.tap_ladder_tokens == 16384 and with_host.tap_min_gap_tokens == 8192
     without = resolve_config(concurrency=8, chunk_tokens=512, host_cache_mib=0)
     assert not without.has_host and without.device_snapshot_slots == 10
-    assert without.max_new_taps == 2 and without.tap_ladder_tokens == 4096
+    assert without.taps_per_request == 2 and without.tap_ladder_tokens == 4096
     assert without.tap_min_gap_tokens == 1024
     explicit = resolve_config(concurrency=2, chunk_tokens=512, device_snapshot_slots=7)
     assert explicit.device_snapshot_slots == 7
@@ -61,7 +61,7 @@ def test_config_defaults_follow_the_host_tier() -> None:
     [
         ({"host_cache_mib": -1}, "--hybrid-host-cache-mib"),
         ({"device_snapshot_slots": 0}, "--hybrid-device-snapshot-slots"),
-        ({"max_new_taps": -2}, "--hybrid-taps-per-request"),
+        ({"taps_per_request": -2}, "--hybrid-taps-per-request"),
         ({"tap_ladder_tokens": 0}, "--hybrid-tap-ladder"),
     ],
 )

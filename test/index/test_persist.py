@@ -70,7 +70,7 @@ def test_round_trip_restores_every_saved_snapshot_host_only() -> None:
         if not n.is_root:
             assert n.host_state is R.RESIDENT and n.device_state is R.ABSENT
     # every copy lands in a distinct slab; record slabs are the old pool's
-    assert len({dst for _, dst in got.copies}) == len(got.copies) == new.host.used  # type: ignore[union-attr]
+    assert len({dst for _, dst in got.copies}) == len(got.copies) == new.host.used  # type: ignore[union-attr]  # made with a host tier
 
 
 def test_a_known_prompt_matches_the_adopted_snapshot() -> None:
@@ -108,7 +108,7 @@ def test_superseded_snapshots_and_dead_kv_are_not_exported() -> None:
 def test_a_smaller_host_tier_keeps_whole_snapshots_by_density() -> None:
     index = populated()
     rec = index.export_host()
-    image = index.host.image_slabs  # type: ignore[union-attr]
+    image = index.host.image_slabs  # type: ignore[union-attr]  # populated() has a host tier
     # room for the cheapest snapshot alone plus a little: never a partial path
     new = fresh_like(index, host_slabs=image + 12)
     plan = new.plan_adopt(rec)
@@ -137,7 +137,7 @@ def test_a_smaller_host_tier_keeps_whole_snapshots_by_density() -> None:
 def test_a_tier_too_small_for_any_snapshot_plans_nothing() -> None:
     index = populated()
     rec = index.export_host()
-    new = make_index(host_slabs=index.host.image_slabs + 1, slots=3)  # type: ignore[union-attr]
+    new = make_index(host_slabs=index.host.image_slabs + 1, slots=3)  # type: ignore[union-attr]  # as above
     deep_only = HostExport(rec.nodes, [r for r in rec.snapshots if r.anchor >= 1])
     plan = new.plan_adopt(deep_only)
     assert plan.snapshots == [] and plan.nodes == [] and plan.slabs == 0

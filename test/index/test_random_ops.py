@@ -70,10 +70,10 @@ class World:
         if src is not None:
             for node in lane.path:
                 if node.device_state is Residency.ABSENT:
-                    idx.begin_node_fill(node, self.dev.new())
+                    idx.transfers.begin_node_fill(node, self.dev.new())
                     fills.append(node)
             if src.tail and src.tail_device_state is Residency.ABSENT:
-                idx.begin_tail_fill(src, self.dev.new(), len(src.tail) // 4)
+                idx.transfers.begin_tail_fill(src, self.dev.new(), len(src.tail) // 4)
                 fills.append(src)
         done = src.frontier if src is not None else 0
         taps = [t.position for t in idx.plan_taps(key, m, src)] if enabled else []
@@ -86,9 +86,9 @@ class World:
         idx, lane, key = self.idx, st["lane"], st["key"]
         for f in st["fills"]:
             if isinstance(f, BlockNode):
-                idx.finish_node_fill(f)
+                idx.transfers.finish_node_fill(f)
             else:
-                idx.finish_tail_fill(f)
+                idx.transfers.finish_tail_fill(f)
         st["fills"] = []
         idx.unpin_sources(lane)
         new = min(st["n"], st["done"] + self.rng.randrange(1, 300))
@@ -106,8 +106,8 @@ class World:
             if slot is not None:
                 s = idx.publish(lane, key, p, slot, kind)
                 wants_host = s is not None and self.rng.random() < 0.7
-                if wants_host and idx.plan_image_write(s) is not None:
-                    idx.complete_image_write(s)
+                if wants_host and idx.transfers.plan_image_write(s) is not None:
+                    idx.transfers.complete_image_write(s)
         if new == st["n"] or self.rng.random() < 0.05:
             self.finish(st, cancelled=new < st["n"])
 
@@ -128,15 +128,15 @@ class World:
                 )
                 if s is None and tail is not None:
                     self.dev.live.discard(tail)  # a duplicate leaves the tail with the caller
-                if s is not None and idx.plan_image_write(s) is not None:
-                    idx.complete_image_write(s)
+                if s is not None and idx.transfers.plan_image_write(s) is not None:
+                    idx.transfers.complete_image_write(s)
         if self.rng.random() < 0.8:
-            idx.complete_writes(idx.plan_writes(lane))
+            idx.transfers.complete_writes(idx.transfers.plan_writes(lane))
         for fl in st["fills"]:
             if isinstance(fl, BlockNode):
-                idx.finish_node_fill(fl)
+                idx.transfers.finish_node_fill(fl)
             else:
-                idx.finish_tail_fill(fl)
+                idx.transfers.finish_tail_fill(fl)
         idx.release(lane)
         self.lanes.remove(st)
 

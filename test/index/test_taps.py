@@ -41,7 +41,7 @@ def scenarios(draw):
 def _plan(sc, exact_tails: bool = True):
     n, base, hints, existing, spans, budget, ladder, gap, branch = sc
     planner = TapPlanner(
-        max_new_taps=budget, ladder_tokens=ladder, min_gap_tokens=gap, exact_tails=exact_tails
+        taps_per_request=budget, ladder_tokens=ladder, min_gap_tokens=gap, exact_tails=exact_tails
     )
     return planner.plan(n, base, hints, existing=existing, vision_spans=spans, branch_point=branch)
 
@@ -87,7 +87,7 @@ def test_ladder_stays_logarithmic_and_respects_the_gap(sc) -> None:
 def test_budget_keeps_the_highest_priority_taps(sc) -> None:
     """Under a budget the plan is the first taps the unlimited plan accepts, in priority order."""
     n, base, hints, existing, spans, budget, ladder, gap, branch = sc
-    unlimited = TapPlanner(max_new_taps=1000, ladder_tokens=ladder, min_gap_tokens=gap).plan(
+    unlimited = TapPlanner(taps_per_request=1000, ladder_tokens=ladder, min_gap_tokens=gap).plan(
         n, base, hints, existing=existing, vision_spans=spans, branch_point=branch
     )
     kept = _plan(sc)
@@ -97,7 +97,7 @@ def test_budget_keeps_the_highest_priority_taps(sc) -> None:
 
 
 def test_opener_absorbs_the_prompt_tail_in_chat() -> None:
-    p = TapPlanner(max_new_taps=8, ladder_tokens=4096, min_gap_tokens=1024)
+    p = TapPlanner(taps_per_request=8, ladder_tokens=4096, min_gap_tokens=1024)
     n = 3000
     taps = p.plan(n, 0, [TapHint(2990, HintKind.OPENER), TapHint(1500, HintKind.STRUCTURAL)])
     assert [(t.position, t.source) for t in taps] == [
@@ -108,25 +108,25 @@ def test_opener_absorbs_the_prompt_tail_in_chat() -> None:
 
 
 def test_semantic_cluster_keeps_the_earliest_and_its_boundary() -> None:
-    p = TapPlanner(max_new_taps=8, ladder_tokens=1 << 20, min_gap_tokens=1024)
+    p = TapPlanner(taps_per_request=8, ladder_tokens=1 << 20, min_gap_tokens=1024)
     taps = p.plan(5000, 0, [TapHint(1000, HintKind.STRUCTURAL), TapHint(1040, HintKind.OPENER)])
     cluster = [t for t in taps if t.source in (TapSource.OPENER, TapSource.STRUCTURAL)]
     assert len(cluster) == 1 and cluster[0].position == 1000 and cluster[0].boundary
     floored = TapPlanner(
-        max_new_taps=8, ladder_tokens=1 << 20, min_gap_tokens=1024, exact_tails=False
+        taps_per_request=8, ladder_tokens=1 << 20, min_gap_tokens=1024, exact_tails=False
     ).plan(5000, 0, [TapHint(1000, HintKind.STRUCTURAL), TapHint(1040, HintKind.OPENER)])
     assert [t.position for t in floored if t.exact] == [960]
 
 
 def test_endpoint_resume_skips_the_opener() -> None:
-    p = TapPlanner(max_new_taps=8, ladder_tokens=1 << 20, min_gap_tokens=1024)
+    p = TapPlanner(taps_per_request=8, ladder_tokens=1 << 20, min_gap_tokens=1024)
     hints = [TapHint(2990, HintKind.OPENER)]
     assert any(t.source is TapSource.OPENER for t in p.plan(3000, 0, hints))
     assert not any(t.source is TapSource.OPENER for t in p.plan(3000, 0, hints, skip_opener=True))
 
 
 def test_ladder_snaps_back_to_a_message_boundary() -> None:
-    p = TapPlanner(max_new_taps=8, ladder_tokens=4096, min_gap_tokens=1024)
+    p = TapPlanner(taps_per_request=8, ladder_tokens=4096, min_gap_tokens=1024)
     taps = p.plan(20_000, 0, [TapHint(15_500, HintKind.MESSAGE)])
     rungs = sorted(t.position for t in taps if t.source is TapSource.LADDER)
     assert 15_488 in rungs  # n - G = 15904 snapped back to the boundary at 15500, floored
@@ -134,7 +134,7 @@ def test_ladder_snaps_back_to_a_message_boundary() -> None:
 
 
 def test_branch_point_is_an_exact_boundary_tap() -> None:
-    p = TapPlanner(max_new_taps=8, ladder_tokens=1 << 20, min_gap_tokens=1024)
+    p = TapPlanner(taps_per_request=8, ladder_tokens=1 << 20, min_gap_tokens=1024)
     taps = p.plan(3000, 0, [], branch_point=960)
     assert Tap_at(taps, 960).exact and Tap_at(taps, 960).boundary
 

@@ -104,7 +104,7 @@ class FailingCopies:
 # The allocation sites of the backend (function names in sglang_hybrid.sglang); SGLang's own
 # calls pass through untouched.
 KV_SITES = ("_copy_tail", "_copy_request_tail", "_alloc")
-MAMBA_SITES = ("_reserve_slots", "_prepare_state_slot", "init_load_back", "_restored_match")
+MAMBA_SITES = ("_reserve_slots", "_prepare_state_slot", "init_load_back", "restored_match")
 # Backend helpers that allocate on behalf of their caller (sglang/pages.py).
 SHARED_HELPERS = ("alloc_evicting",)
 

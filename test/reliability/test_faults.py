@@ -92,7 +92,7 @@ def test_host_memory_failing_at_startup_refuses_cleanly(build, monkeypatch) -> N
     assert not left, f"half-built objects still alive: {left}"
 
     h = build(opts={"host_cache_mib": 16})
-    assert h.cache.host is not None and h.cache.host.memory.nbytes >= 16 << 20
+    assert h.cache.host_tier is not None and h.cache.host_tier.memory.nbytes >= 16 << 20
     rng = random.Random(1)
     p = toks(rng, 300)
     run_exact(h, p, 4, "a-0")
@@ -166,9 +166,9 @@ def test_a_restore_copy_failing_recomputes(build, monkeypatch, page, level, k, s
     assert fault.failed == 1, f"the fault was not hit ({fault.calls} restore copies)"
     assert skips["restore_abandoned"] == before + 1
     assert r.cached_tokens == (128 if source == "device" else 0), r.cached_tokens
-    restored = h.cache.host.restored_bytes
+    restored = h.cache.host_tier.restored_bytes
     r2 = run_exact(h, p2 + out2 + toks(rng, 30), 4, "rf-turn2b")
-    assert r2.cached_tokens == end2 and h.cache.host.restored_bytes > restored
+    assert r2.cached_tokens == end2 and h.cache.host_tier.restored_bytes > restored
     again = run_exact(h, p + out + toks(rng, 30), 4, "rf-turn2c")
     assert again.cached_tokens > 0
 
@@ -211,9 +211,9 @@ def test_a_write_through_copy_failing_keeps_serving(build, monkeypatch, page, le
     run_exact(h, turn2 + toks(rng, 20), 4, "wf-turn3")
     # Copies work again: a new conversation spills to host and comes back from there.
     ((q, out, end),) = evicted_conversations(h, rng, 1, "wf-after")
-    restored = h.cache.host.restored_bytes
+    restored = h.cache.host_tier.restored_bytes
     assert run_exact(h, q + out + toks(rng, 30), 4, "wf-after-turn2").cached_tokens == end
-    assert h.cache.host.restored_bytes > restored
+    assert h.cache.host_tier.restored_bytes > restored
 
 
 @pytest.mark.parametrize(
@@ -407,7 +407,7 @@ COPY_TAIL_CRASH = (
         ("mamba", "init_load_back"),
         # An asynchronous restore retired but no state slot to resume into: the restore is
         # given up (its pages stay cached) and the request matches afresh.
-        ("mamba", "_restored_match"),
+        ("mamba", "restored_match"),
     ],
 )
 def test_pool_exhausted_at_a_backend_allocation_site(build, monkeypatch, pool, site):

@@ -63,19 +63,28 @@ def test_fields_are_read(tmp_path):
     "bad, reason",
     [
         ("nope", "not JSON"),
-        ({"input_ids": [1], "output_length": 1, "arrival_ms": 0}, "missing field rid"),
+        ({"input_ids": [1], "output_length": 1, "arrival_ms": 0}, "missing required field `rid`"),
+        ([FIRST], "Expected `object`, got `array`"),
+        ({**FIRST, "rid": 7}, "rid = 7: Expected `str`"),
         ({**FIRST, "rid": "a"}, "duplicate rid"),
         ({**FIRST, "rid": "b", "input_ids": [1, 5000]}, "outside the vocabulary"),
-        ({**FIRST, "rid": "b", "input_ids": []}, "non-empty list"),
+        ({**FIRST, "rid": "b", "input_ids": []}, "input_ids = []: Expected `array` of length >= 1"),
+        ({**FIRST, "rid": "b", "input_ids": [1, True]}, "input_ids[1] = true: Expected `int`"),
+        ({**FIRST, "rid": "b", "input_ids": [1, 2.5]}, "input_ids[1] = 2.5: Expected `int`"),
         ({**FIRST, "rid": "b", "output_ids": [3]}, "exactly one of output_ids"),
         ({**FIRST, "rid": "b", "after": "a"}, "exactly one of arrival_ms"),
         ({"rid": "b", "input_ids": [1], "output_length": 1, "after": "zz"}, "no earlier line"),
+        ({"rid": "b", "input_ids": [1], "output_length": 1, "after": []}, "after = []"),
+        ({**FIRST, "rid": "b", "arrival_ms": -1}, "arrival_ms = -1: Expected `float` >= 0.0"),
         ({**FIRST, "rid": "b", "delay_ms": 3}, "delay_ms needs after"),
         ({**FIRST, "rid": "b", "hints": {"positions": [9], "kinds": ["opener"]}}, "outside (0, 3]"),
         ({**FIRST, "rid": "b", "hints": {"positions": [1], "kinds": ["foo"]}}, "hint kind"),
         ({**FIRST, "rid": "b", "hints": {"positions": [1], "kinds": []}}, "equal length"),
+        ({**FIRST, "rid": "b", "hints": {"kinds": [], "at": 1}}, "unknown field `at`"),
         ({**FIRST, "rid": "b", "colour": "red"}, "unknown field"),
-        ({**FIRST, "rid": "b", "output_length": 0}, "output_length"),
+        ({**FIRST, "rid": "b", "output_length": 0}, "output_length = 0: Expected `int` >= 1"),
+        ({**FIRST, "rid": "b", "turn": -2}, "turn = -2"),
+        ({**FIRST, "rid": "b", "session": ""}, 'session = ""'),
     ],
 )
 def test_malformed_line_names_file_line_and_reason(tmp_path, bad, reason):
@@ -85,3 +94,10 @@ def test_malformed_line_names_file_line_and_reason(tmp_path, bad, reason):
     assert e.value.line == 3
     assert e.value.path == str(p)
     assert reason in e.value.reason, e.value.reason
+
+
+def test_a_bad_field_is_named_with_its_value(tmp_path):
+    p = write(tmp_path, [FIRST, {**FIRST, "rid": "b", "delay_ms": "soon", "after": "a"}])
+    with pytest.raises(TraceFormatError) as e:
+        load_sessions(p)
+    assert str(e.value) == f'{p}:2: delay_ms = "soon": Expected `float`, got `str`'

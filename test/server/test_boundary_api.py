@@ -12,7 +12,7 @@ import pytest
 from server_helpers import generate, toks
 
 from sglang_hybrid.cpu.server import CpuServer
-from sglang_hybrid.demo.session import WORDS
+from sglang_hybrid.replay.chat_session import WORDS
 
 
 def _text(seed: int, n: int) -> str:

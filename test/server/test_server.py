@@ -10,7 +10,7 @@ import pytest
 from server_helpers import generate, toks
 
 from sglang_hybrid.cpu.server import CpuServer
-from sglang_hybrid.demo.session import WORDS
+from sglang_hybrid.replay.chat_session import WORDS
 
 
 def test_the_server_reports_our_backend(hybrid_server: CpuServer) -> None:

@@ -67,7 +67,7 @@ def main() -> None:
         store = dist.FileStore(sys.argv[i + 1], 2)
         group = dist.ProcessGroupGloo(store, int(sys.argv[i + 2]), 2)
         delay = float(sys.argv[i + 3])
-        host = s.tree_cache.host
+        host = s.tree_cache.host_tier
         host.group, host.world = group, 2
         agree, issue = host._agree, host.queue.issue
 

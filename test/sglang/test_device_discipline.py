@@ -96,7 +96,7 @@ def test_device_discipline_scheduler_host_tier(build, page: int) -> None:
             h.run(toks(500), max_new=70)
         r = h.run(prompt + list(first.output_ids) + toks(30), max_new=4)
         assert r.cached_tokens == len(prompt) + len(first.output_ids) - 1
-        assert h.cache.host.restored_bytes > 0
+        assert h.cache.host_tier.restored_bytes > 0
         for i in range(4):  # several at once: admissions wait for room, restore, release
             h.s.submit(f"w{i}", toks(600), 8)
         h.step_all()

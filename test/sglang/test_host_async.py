@@ -56,13 +56,13 @@ def test_a_restored_request_waits_out_of_admission_until_its_copies_land(
 ) -> None:
     h = build(total=2048, running=2, mamba=8, chunk=256, opts={"host_cache_mib": 16})
     turn2, e = _pushed_to_host(h)
-    assert h.cache.host.queue.synchronous is False
+    assert h.cache.host_tier.queue.synchronous is False
     h.s.submit("turn2", turn2, 4)
     held_passes = 0
     while "turn2" not in h.s.results():
         h.s.step()
         h.check_mamba()
-        pending = h.cache.host.restores.get("turn2")
+        pending = h.cache.host_tier.restores.get("turn2")
         if pending is not None and not (pending.done or pending.failed):
             held_passes += 1
             # Held: not admitted, its destinations Filling, its image in a staging slot.
@@ -74,7 +74,7 @@ def test_a_restored_request_waits_out_of_admission_until_its_copies_land(
     assert held_passes > 0
     assert r.cached_tokens == e.frontier  # resumed at the endpoint, from host
     assert h.cache.stats()["host_restored_bytes"] > 0
-    assert not h.cache.host.restores and not h.cache.host.ops
+    assert not h.cache.host_tier.restores and not h.cache.host_tier.ops
     h.cache.index.check_integrity()
 
 
@@ -115,7 +115,7 @@ def test_device_pressure_sheds_the_write_backlog(build, slow_copies) -> None:
     h = _bounded(build)
     for i in range(4):
         h.s.submit(f"p{i}", toks(400), 4)
-    host = h.cache.host
+    host = h.cache.host_tier
     for _ in range(10_000):  # until a release's write-through waits in the backlog
         h.s.step()
         if host.backlog:
@@ -135,13 +135,13 @@ def test_an_abort_while_the_restore_runs_leaves_nothing_behind(build, slow_copie
     h.s.submit("turn2", turn2, 4)
     for _ in range(1000):
         h.s.step()
-        p = h.cache.host.restores.get("turn2")
+        p = h.cache.host_tier.restores.get("turn2")
         if p is not None and not p.done:
             break
-    assert h.cache.host.restores.get("turn2") is not None, "the restore should be in flight"
+    assert h.cache.host_tier.restores.get("turn2") is not None, "the restore should be in flight"
     h.s.abort("turn2")
     h.step_all()  # SGLang's idle check: no pool leak, no pinned node, no staging slot
-    assert not h.cache.host.restores
+    assert not h.cache.host_tier.restores
     idx = h.cache.index
     assert not idx.lanes and idx.protected_tokens == 0
     idx.check_integrity()

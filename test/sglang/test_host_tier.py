@@ -49,7 +49,7 @@ def test_a_conversation_evicted_from_the_device_resumes_from_host(build, page: i
     r = h.run(turn2, max_new=4)
     assert r.cached_tokens == end  # resumed exactly at the endpoint, from host
     state = h.s.scheduler  # noqa: F841 - the worker checked the restored contents
-    assert cache.host.restored_bytes > 0
+    assert cache.host_tier.restored_bytes > 0
     h.s.on_idle()
 
 
@@ -90,7 +90,7 @@ def test_host_pressure_reclaims_dead_kv_and_superseded_first(build) -> None:
             convs[i] = c + list(r.output_ids) + toks(20)
     stats = h.cache.index.stats
     assert stats.host_dead_swept > 0 and stats.host_superseded_evicted > 0
-    usage = h.cache.host.usage()
+    usage = h.cache.host_tier.usage()
     assert usage.kv_bytes + usage.image_bytes + usage.free_bytes == 4 << 20
     print(f"\nhost pressure: {stats}; usage {usage}")
 

@@ -58,13 +58,13 @@ def test_retracted_requests_resume_exactly_and_leak_nothing(
     h = build(total=1800, running=6, mamba=20, chunk=256, opts=opts, schedule_conservativeness=0.05)
     written_before = []
     if host_mib:
-        orig = h.cache.host.write_lane
+        orig = h.cache.host_tier.write_lane
 
         def spy(lane):
             written_before.append(lane.id)
             return orig(lane)
 
-        monkeypatch.setattr(h.cache.host, "write_lane", spy)
+        monkeypatch.setattr(h.cache.host_tier, "write_lane", spy)
     got = _serve_all(h, prompts, 300)
     print(f"\nretractions {retracts[0]}, host {host_mib} MiB, skipped {h.cache.skips.as_dict()}")
     assert retracts[0] > 0, "the pool should have forced a retraction"
@@ -75,7 +75,7 @@ def test_retracted_requests_resume_exactly_and_leak_nothing(
     assert all(s.restore_pins == 0 for s in idx.snapshots.values())
     if host_mib:  # every released lane (retracted ones included) was written through
         assert len(written_before) >= len(prompts) + retracts[0]
-        assert h.cache.host.written_bytes > 0
+        assert h.cache.host_tier.written_bytes > 0
 
 
 def test_a_blocked_head_with_a_host_source_restores_only_when_admitted(build, monkeypatch) -> None:
@@ -106,7 +106,7 @@ def test_a_blocked_head_with_a_host_source_restores_only_when_admitted(build, mo
     for _ in range(6):
         h.s.step()
     h.s.submit("back", back_prompt, 4)
-    restored, blocked_passes, copy_passes = h.cache.host.restored_blocks, 0, 0
+    restored, blocked_passes, copy_passes = h.cache.host_tier.restored_blocks, 0, 0
     while "back" not in h.s.results() and h.s.has_work():
         waiting = any(r.rid == "back" for r in h.s.scheduler.waiting_queue)
         issued = loads[0]
@@ -115,7 +115,7 @@ def test_a_blocked_head_with_a_host_source_restores_only_when_admitted(build, mo
         if waiting and any(r.rid == "back" for r in h.s.scheduler.waiting_queue):
             if issued == 0 and loads[0] == 0:
                 blocked_passes += 1  # refused by the budget: nothing restored
-                assert h.cache.host.restored_blocks == restored
+                assert h.cache.host_tier.restored_blocks == restored
             else:
                 copy_passes += 1  # issued: held while its copies land
     h.step_all()

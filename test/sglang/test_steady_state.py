@@ -114,7 +114,7 @@ def test_a_concurrent_wave_restores_from_host(build) -> None:
         assert h.run(p, max_new=4).cached_tokens == 0
     ones = [h.run(p + toks(5), max_new=4).cached_tokens for p in prompts]
     assert ones == [floor64(3004)] * 14
-    restored = h.cache.host.restored_bytes
+    restored = h.cache.host_tier.restored_bytes
     got = []
     for wave in (prompts[:8], prompts[8:]):
         tag = f"w{len(got)}"
@@ -125,5 +125,5 @@ def test_a_concurrent_wave_restores_from_host(build) -> None:
         got += [res[f"{tag}-{i}"].cached_tokens for i in range(len(wave))]
     print(f"\nconcurrent wave: {got}; skipped {h.cache.skips.as_dict()}")
     assert got == [floor64(3001)] * 14
-    assert h.cache.host.restored_bytes > restored
+    assert h.cache.host_tier.restored_bytes > restored
     assert h.cache.skips.counts["recomputed_held"] == 0

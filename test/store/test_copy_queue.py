@@ -61,7 +61,7 @@ def test_deferred_queue_keeps_an_operation_in_flight_for_one_poll() -> None:
 
 @pytest.mark.parametrize("mode", ["inline", "deferred", "async"])
 def test_make_queue_on_the_cpu(mode: str) -> None:
-    q = make_queue(mode, torch.device("cpu"))  # type: ignore[arg-type]
+    q = make_queue(mode, torch.device("cpu"))  # type: ignore[arg-type]  # a CopyMode string
     q.issue(lambda: 3)
     q.wait(1)
     for _ in range(3):

@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 class ReqSpan(NamedTuple):
     """The new tokens of one request in one forward pass."""
 
-    index: int  # position of the request in batch.reqs
+    index: int  # type: ignore[assignment]  # shadows tuple.index (never called); position in batch.reqs
     req: Any  # sglang Req
     prefix_len: int
     extend_len: int

@@ -69,7 +69,7 @@ def _adapt(kernel: Callable[..., Any]) -> Callable[..., Any]:
         initial_state: torch.Tensor | None = None,
         output_final_state: bool = False,
         use_qk_l2norm_in_kernel: bool = False,
-        **_: Any,
+        **_kwargs: Any,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         batch, _, heads, k_dim = key.shape
         v_dim = value.shape[-1]

@@ -37,7 +37,7 @@ def guard_dispatcher(result: Any, scheduler: Any, *args: Any, **kwargs: Any) -> 
 
 
 def _guarded_class(base: type) -> type:
-    class GuardedDispatcher(base):  # type: ignore[misc, valid-type]
+    class GuardedDispatcher(base):
         def __call__(self, obj: Any) -> Any:
             if type(obj).__name__ in _UNGUARDED:
                 return super().__call__(obj)

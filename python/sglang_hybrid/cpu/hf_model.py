@@ -51,7 +51,7 @@ def load_hf_model(
         if progress_was_enabled:
             hf_logging.enable_progress_bar()
     if device != "cpu":
-        model = model.to(device)
+        model = model.to(device)  # type: ignore[arg-type]  # transformers' wraps(Module.to): mypy sees it unbound
     model.eval()
     if model.config._attn_implementation != ROWWISE_ATTENTION:
         raise RuntimeError(f"transformers chose {model.config._attn_implementation!r} attention")

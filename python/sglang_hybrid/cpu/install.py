@@ -10,8 +10,9 @@ Contract:
   Nothing is installed at import time. Calling it after another REPLACE of ``TpModelWorker``
   was applied raises ``RuntimeError``.
 - ``install_cpu_worker("model")`` also makes SGLang build the mamba conv state in float32
-  (``SGLANG_MAMBA_CONV_DTYPE``, bf16 by default): it sets the variable when unset and refuses a
-  different explicit value, because a bf16 conv state makes cached and uncached runs differ.
+  (``SGLANG_MAMBA_CONV_DTYPE``, bf16 by default; ``conv_dtype.py``): it sets the variable when
+  unset and refuses a different explicit value, because a bf16 conv state makes cached and
+  uncached runs differ.
   The CUDA build of the model worker computes in the model dtype (bf16 as served) and passes
   ``conv_dtype="bfloat16"``: the conv state then matches the model dtype instead.
 - ``cpu_server_args(**overrides)`` returns the ServerArgs keyword arguments the CPU workers need
@@ -26,41 +27,13 @@ Contract:
 
 from __future__ import annotations
 
-import os
 from typing import Any, Literal
+
+from .conv_dtype import require_conv_state_dtype
 
 WorkerKind = Literal["model", "tokens"]
 
 TP_WORKER_TARGET = "sglang.srt.managers.tp_worker.TpModelWorker"
-CONV_DTYPE_ENV = "SGLANG_MAMBA_CONV_DTYPE"
-
-
-def require_float32_conv_state() -> None:
-    """Make SGLang's mamba conv-state dtype float32, or refuse a different explicit setting.
-
-    SGLang reads the variable each time it sizes a mamba pool, so this must run before the
-    Scheduler builds its pools (``install_cpu_worker("model")`` and ``ModelWorker`` both call it).
-    """
-    require_conv_state_dtype("float32")
-
-
-def require_conv_state_dtype(dtype: str) -> None:
-    """Make SGLang's mamba conv-state dtype ``dtype`` (the model worker's compute dtype), or
-    refuse a different explicit setting (see ``require_float32_conv_state``)."""
-    value = os.environ.get(CONV_DTYPE_ENV)
-    if value is None:
-        os.environ[CONV_DTYPE_ENV] = dtype
-    elif value != dtype:
-        if dtype == "float32":
-            raise RuntimeError(
-                f"{CONV_DTYPE_ENV}={value!r}: the CPU model worker needs float32 conv states "
-                "(a bf16 conv state shifts logits by ~1e-4 and breaks cached-vs-uncached "
-                "exactness)"
-            )
-        raise RuntimeError(
-            f"{CONV_DTYPE_ENV}={value!r}: the model worker computes in {dtype} and needs "
-            f"{dtype} conv states"
-        )
 
 
 def install_cpu_worker(kind: WorkerKind, *, conv_dtype: str = "float32") -> None:

@@ -118,8 +118,8 @@ class InProcessScheduler:
         self.sink = OutputSink()
         # Nobody listens on the ZMQ peers: every reply the scheduler sends lands in the sink.
         channels = self.scheduler.ipc_channels
-        channels.send_to_detokenizer.send_output = self.sink.send_output
-        channels.send_to_tokenizer.send_output = self.sink.send_output
+        channels.send_to_detokenizer.send_output = self.sink.send_output  # type: ignore[method-assign]  # an instance attribute over the method
+        channels.send_to_tokenizer.send_output = self.sink.send_output  # type: ignore[method-assign]  # as above
         if record_logits:
             self.worker.record_logits = True
 
@@ -130,7 +130,7 @@ class InProcessScheduler:
 
         s = self.scheduler
         if s.device == "cpu":
-            s.schedule_stream.synchronize = lambda: None
+            s.schedule_stream.synchronize = lambda: None  # type: ignore[union-attr]  # None only under MLX (SGLang's CPU branch does this too)
         s._war_barrier_enabled = is_cuda() or envs.SGLANG_ENABLE_WAR_BARRIER.get()
         s.metrics_reporter.start_scheduler_time_accounting()
         if self.overlap:  # the prologue of event_loop_overlap
@@ -296,7 +296,7 @@ class InProcessScheduler:
         s.running_batch = plan.running_batch
         batch = plan.batch_to_run
         s.cur_batch_for_debug = batch
-        sync = s.is_disable_overlap_for_batch(batch, last_batch=s.last_batch)
+        sync = s.is_disable_overlap_for_batch(batch, last_batch=s.last_batch)  # type: ignore[arg-type]  # SGLang's own loop passes None too
         if sync:
             pop_and_process()
         result = None
@@ -314,7 +314,7 @@ class InProcessScheduler:
             s.on_idle()
         if s.is_generation:
             with torch.no_grad():
-                s.launch_batch_sample_if_needed(result, batch)
+                s.launch_batch_sample_if_needed(result, batch)  # type: ignore[arg-type]  # as above
         s.last_batch = batch
         if envs.SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY.get():
             s.invariant_checker.self_check_during_busy()

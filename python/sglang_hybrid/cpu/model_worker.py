@@ -45,8 +45,8 @@ import torch
 from sglang_hybrid.cpu import gdn_kernels
 from sglang_hybrid.cpu.batch_spans import ReqSpan
 from sglang_hybrid.cpu.capture import PassCapture, modeling_fns
+from sglang_hybrid.cpu.conv_dtype import require_conv_state_dtype, require_float32_conv_state
 from sglang_hybrid.cpu.hf_model import load_hf_model
-from sglang_hybrid.cpu.install import require_conv_state_dtype, require_float32_conv_state
 from sglang_hybrid.cpu.sampling import next_token, unsupported_sampling
 from sglang_hybrid.cpu.split_invariant import split_invariant_conv
 from sglang_hybrid.cpu.state_io import PoolView, restore_cache, store_linear_states, store_new_kv

@@ -62,6 +62,7 @@ class OutputSink:
             self.other.append(output)
             return
         ids = output.output_ids
+        assert output.rids is not None  # Optional on SGLang's base class, set on every output
         for i, rid in enumerate(output.rids):
             result = self.results.get(rid)
             if result is None:

@@ -12,12 +12,15 @@ process) installs it before the scheduler builds its worker. The rest of a CPU s
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .guard import guard_dispatcher
 
+if TYPE_CHECKING:
+    from .install import WorkerKind
+
 ENV = "SGLANG_HYBRID_CPU_WORKER"
-KINDS = ("model", "tokens")
+KINDS: tuple[WorkerKind, ...] = ("model", "tokens")
 
 
 def register() -> None:
@@ -46,7 +49,7 @@ def _install(kind: str) -> None:
 
     if kind not in KINDS:
         raise ValueError(f"{ENV}={kind!r}: expected one of {', '.join(KINDS)}")
-    install_cpu_worker(kind)  # type: ignore[arg-type]
+    install_cpu_worker(kind)
 
 
 def _refuse_what_the_worker_cannot_run(scheduler: Any, req: Any, *args: Any, **kw: Any) -> None:

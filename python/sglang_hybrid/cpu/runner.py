@@ -138,7 +138,7 @@ class CpuModelRunner:
             spec_algorithm=self.spec_algorithm,
             is_draft_worker=False,
             post_capture_kv_active=False,
-            spec_aux_config=SimpleNamespace(draft_model_config=None, dflash_draft_num_layers=None),
+            spec_aux_config=SimpleNamespace(draft_model_config=None, dflash_draft_num_layers=None),  # type: ignore[arg-type]  # the 2 fields read; no speculative decoding
             is_hybrid_swa=False,
             is_hybrid_swa_compress=False,
             use_mla_backend=False,

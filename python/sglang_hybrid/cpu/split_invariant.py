@@ -95,7 +95,7 @@ def rowwise_attention(
     attention_mask: torch.Tensor | None,
     scaling: float | None = None,
     dropout: float = 0.0,
-    **_: Any,
+    **_kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """Causal attention, one query row at a time against exactly its visible keys.
 

@@ -90,7 +90,8 @@ def restore_cache(
     locs = view.kv_slots(req_pool_idx, 0, prefix_len)
     width = view.conv_kernel
     for layer_id, kind in enumerate(view.layer_types):
-        layer = cache.layers[layer_id]
+        # transformers types each layer as the union of both kinds; layer_types says which
+        layer: Any = cache.layers[layer_id]
         if kind == "linear_attention":
             dense = view.mamba_index[layer_id]
             conv = view.conv[dense, slot]  # [conv_dim, W - 1]
@@ -115,7 +116,7 @@ def store_linear_states(view: PoolView, cache: DynamicCache, slot: int) -> None:
     """Write every linear layer's conv and recurrent state of ``cache`` into mamba ``slot``."""
     keep = view.conv_kernel - 1
     for layer_id, dense in view.mamba_index.items():
-        layer = cache.layers[layer_id]
+        layer: Any = cache.layers[layer_id]  # a linear-attention layer (see restore_cache)
         view.conv[dense, slot].copy_(layer.conv_states[0][0, :, -keep:])
         view.temporal[dense, slot].copy_(layer.recurrent_states[0][0].transpose(-1, -2))
 
@@ -127,7 +128,7 @@ def store_new_kv(
     for layer_id, kind in enumerate(view.layer_types):
         if kind == "linear_attention":
             continue
-        layer = cache.layers[layer_id]
+        layer: Any = cache.layers[layer_id]  # an attention layer (see restore_cache)
         if layer.keys.shape[2] != prefix_len + out_cache_loc.numel():
             raise RuntimeError(
                 f"layer {layer_id} holds {layer.keys.shape[2]} tokens, expected "

@@ -31,7 +31,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 from sglang_hybrid.cpu import tiny_tokenizer
 
@@ -132,7 +132,9 @@ def _build_weights(arch: TinyArch, out_dir: Path, special_ids: dict[str, int], s
     import torch
     import transformers
 
-    kwargs = config_kwargs(arch, special_ids)
+    kwargs: dict[str, Any] = config_kwargs(arch, special_ids)  # each key typed by the class
+    config: transformers.PretrainedConfig
+    model_cls: type[transformers.PreTrainedModel]
     if arch == "qwen3_5":
         config = transformers.Qwen3_5TextConfig(**kwargs)
         model_cls = transformers.Qwen3_5ForCausalLM
@@ -142,7 +144,7 @@ def _build_weights(arch: TinyArch, out_dir: Path, special_ids: dict[str, int], s
     # fork_rng: the seed must fix the weights without disturbing the caller's RNG stream.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = model_cls(config).to(torch.float32).eval()
+        model = model_cls(config).to(torch.float32).eval()  # type: ignore[arg-type]  # transformers' wraps(Module.to): mypy sees it unbound
     model.save_pretrained(out_dir, safe_serialization=True)
     cfg_path = out_dir / "config.json"
     cfg = json.loads(cfg_path.read_text())

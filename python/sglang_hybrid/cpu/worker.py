@@ -338,7 +338,7 @@ class CpuTpWorker:
             mamba_cow_src_indices=getattr(batch, "mamba_cow_src_indices", None),
             mamba_cow_dst_indices=getattr(batch, "mamba_cow_dst_indices", None),
         )
-        ModelRunner._maybe_execute_deferred_mamba_cow_and_clear(self._model_runner, ops)
+        ModelRunner._maybe_execute_deferred_mamba_cow_and_clear(self._model_runner, ops)  # type: ignore[arg-type]  # duck-typed: it reads the runner's pools and ops' 4 fields
 
     def _next_tokens(self, batch: Any, spans: list[ReqSpan]) -> torch.Tensor:
         """One next token per request (int64, CPU), after writing whatever the worker computes."""

@@ -121,7 +121,7 @@ def _run_cpu(args: argparse.Namespace, reqs: list[Any]) -> list[CacheRun]:
         name = CACHE_NAMES[kind]
         cfg = ServerConfig(
             model,
-            cache=kind,  # type: ignore[arg-type]
+            cache=kind,
             chunked_prefill_size=args.chunk,
             max_total_tokens=max(16384, 2 * args.chunk),
         )
@@ -129,7 +129,7 @@ def _run_cpu(args: argparse.Namespace, reqs: list[Any]) -> list[CacheRun]:
         _say(f"\n[{i}/{len(kinds)}] {name}: starting SGLang's server on the CPU (log {log})")
         _say("  " + " ".join(cfg.argv()[1:]))
         t0 = time.monotonic()
-        with CpuServer(cfg, log, args.startup_timeout, lambda m, n=name: _say(f"  [{n}] {m}")) as s:
+        with CpuServer(cfg, log, args.startup_timeout, lambda m, n=name: _say(f"  [{n}] {m}")) as s:  # type: ignore[misc]  # mypy cannot infer a lambda with a default
             startup = time.monotonic() - t0
             _say(f"  [{name}] ready in {startup:.0f} s at {s.url}; replaying {len(reqs)} requests")
             results = _replay(name, s.url, reqs)
@@ -154,7 +154,7 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .session import agent_session
+    from sglang_hybrid.replay.chat_session import agent_session
 
     args = _parse(argv)
     if args.model_dir is not None and not (args.model_dir / "config.json").is_file():

@@ -3,8 +3,9 @@
 Pure Python (no torch, no sglang). One concept per module, named as in the spec:
 ``keys`` (§5.1), ``node`` / ``tree`` (§5.2), ``snapshot`` (§5.3), ``host_slabs`` (§5.4),
 ``match`` (§6.1), ``admission`` (§6.2-6.3), ``taps`` (§7.1), ``device_lru`` (§9.1),
-``device_slots`` (§9.2), ``valuation`` / ``host_eviction`` (§9.3), ``invariants`` (§10),
-``cost`` / ``presets`` (§6.2, §11.4), ``config`` (§14.2) and the facade ``prefix_index``.
+``device_slots`` (§9.2), ``valuation`` / ``host_eviction`` / ``supersession`` / ``links`` (§9.3),
+``path_counts`` (§5.2), ``invariants`` (§10), ``cost`` / ``presets`` (§6.2, §11.4), ``config``
+(§14.2) and the facade ``prefix_index`` with its parts ``residency`` and ``transfers``.
 """
 
 from .admission import Candidate, Quote, Readiness, quote

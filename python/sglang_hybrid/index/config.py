@@ -33,7 +33,7 @@ FLAG_MIN_GAP = "--hybrid-tap-min-gap"
 class CacheConfig:
     host_cache_bytes: int
     device_snapshot_slots: int
-    max_new_taps: int
+    taps_per_request: int
     tap_ladder_tokens: int
     tap_min_gap_tokens: int
     chunk_tokens: int
@@ -47,7 +47,7 @@ class CacheConfig:
         host = f"{self.host_cache_bytes / 2**20:.0f} MiB" if self.has_host else "off"
         return (
             f"host tier {host}, {self.device_snapshot_slots} device snapshot slots, "
-            f"{self.max_new_taps} taps/request, ladder {self.tap_ladder_tokens}, "
+            f"{self.taps_per_request} taps/request, ladder {self.tap_ladder_tokens}, "
             f"min gap {self.tap_min_gap_tokens} (concurrency {self.concurrency}, "
             f"chunk {self.chunk_tokens})"
         )
@@ -68,7 +68,7 @@ def resolve_config(
     chunk_tokens: int,
     host_cache_mib: int | None = None,
     device_snapshot_slots: int | None = None,
-    max_new_taps: int | None = None,
+    taps_per_request: int | None = None,
     tap_ladder_tokens: int | None = None,
     tap_min_gap_tokens: int | None = None,
 ) -> CacheConfig:
@@ -80,13 +80,13 @@ def resolve_config(
     host_bytes = (DEFAULT_HOST_CACHE_MIB if mib is None else mib) << 20
     has_host = host_bytes > 0
     slots = _positive(device_snapshot_slots, FLAG_SLOTS)
-    taps = _positive(max_new_taps, FLAG_TAPS, allow_zero=True)
+    taps = _positive(taps_per_request, FLAG_TAPS, allow_zero=True)
     ladder = _positive(tap_ladder_tokens, FLAG_LADDER)
     gap = _positive(tap_min_gap_tokens, FLAG_MIN_GAP, allow_zero=True)
     return CacheConfig(
         host_cache_bytes=host_bytes,
         device_snapshot_slots=slots if slots is not None else concurrency + (1 if has_host else 2),
-        max_new_taps=taps if taps is not None else (8 if has_host else 2),
+        taps_per_request=taps if taps is not None else (8 if has_host else 2),
         tap_ladder_tokens=ladder if ladder is not None else max(4096, 2 * chunk_tokens),
         tap_min_gap_tokens=gap if gap is not None else max(1024, chunk_tokens),
         chunk_tokens=chunk_tokens,

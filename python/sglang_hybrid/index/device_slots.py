@@ -21,7 +21,7 @@ import math
 from collections.abc import Collection
 from typing import NamedTuple
 
-from .node import Residency
+from .node import FastResidency
 from .snapshot import Snapshot
 
 STAGING = object()  # owner of a slot holding an unpublished tap
@@ -60,7 +60,7 @@ class DeviceSnapshotSlots:
         sup_tick = 0.0
         device_only: Snapshot | None = None
         backed: Snapshot | None = None
-        resident = Residency.RESIDENT  # read once: an Enum member lookup is slow (node.py)
+        resident = FastResidency.RESIDENT
         for owner in self.owner:
             if not isinstance(owner, Snapshot) or owner.restore_pins:
                 continue

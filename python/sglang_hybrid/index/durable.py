@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .node import Residency
+from .node import FastResidency
 from .snapshot import Snapshot
 
 if TYPE_CHECKING:
@@ -37,7 +37,7 @@ def why_not_pinnable(index: PrefixIndex, s: Snapshot) -> str | None:
         return "its state is not in the host tier yet (its write is in flight or was refused)"
     node = s.anchor
     while node.parent is not None:
-        if node.host_state is not Residency.RESIDENT:
+        if node.host_state is not FastResidency.RESIDENT:
             return "its prefix's KV is not in the host tier yet"
         node = node.parent
     pinned = sum(_slabs(x) for x in index.snapshots.values() if x.durable)

@@ -17,13 +17,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .node import BlockNode, Residency
+from .node import BlockNode, FastResidency
 from .snapshot import Snapshot
 
 if TYPE_CHECKING:
     from .prefix_index import PrefixIndex
 
-R = Residency
+R = FastResidency  # Residency, read faster (node.py)
 
 
 def make_room(index: PrefixIndex, k: int, *, bound: float | None = None) -> bool:
@@ -71,7 +71,13 @@ def _oldest_superseded(index: PrefixIndex) -> Snapshot | None:
 
 
 def min_h_victim(index: PrefixIndex) -> Snapshot | None:
-    """The retained host-resident snapshot with the lowest H (an O(snapshots) scan, §9.3)."""
+    """The retained host-resident snapshot with the lowest H, ties to the oldest (§9.3)."""
+    assert index.gdsf is not None  # a host tier has its queue
+    return index.gdsf.min_victim(_evictable)
+
+
+def scan_min_h_victim(index: PrefixIndex) -> Snapshot | None:
+    """``min_h_victim`` by an O(snapshots) scan: what ``check_integrity`` compares it with."""
     best: Snapshot | None = None
     for s in index.snapshots.values():
         if not s.superseded and _evictable(s) and (best is None or s.h < best.h):

@@ -3,6 +3,11 @@
 Tests call :func:`check_integrity` after every step of a random operation sequence. It rebuilds
 every count, list membership, link and GDSF value from scratch and compares, so it is
 O(nodes x depth + snapshots x depth): meant for tests and debugging, never for the hot path.
+
+List membership is recomputed here from each node's and tail's fields, the same function
+``ResidencyTracker.node_changed`` / ``tail_changed`` apply; so a per-request fast path
+(``ResidencyTracker.ref`` / ``release_path``) that diverged from them fails here, as does an LRU
+entry counted with another footprint than its copy's.
 """
 
 from __future__ import annotations
@@ -10,16 +15,17 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING
 
+from . import host_eviction
 from . import valuation as val
 from .device_slots import STAGING
 from .keys import BLOCK_TOKENS
-from .node import BlockNode, Residency
+from .node import BlockNode, FastResidency
 from .snapshot import Snapshot
 
 if TYPE_CHECKING:
     from .prefix_index import PrefixIndex
 
-R = Residency
+R = FastResidency  # Residency, read faster (node.py)
 
 
 class IntegrityError(AssertionError):
@@ -132,13 +138,20 @@ def check_integrity(index: PrefixIndex) -> None:
     for s in index.snapshots.values():
         if s.superseded:
             continue  # unused until a hit retains it again, which revalues it (§9.3)
-        c, z, h = index.valuer.values(s)
+        cost, z, h = index.valuer.values(s)
         if (
-            abs(c - s.cost) > 1e-12 * max(1.0, c)
+            abs(cost - s.cost) > 1e-12 * max(1.0, cost)
             or abs(z - s.size) > 1e-6
             or abs(h - s.h) > 1e-9 * max(1.0, abs(h))
         ):
-            _fail(f"{s}: stale GDSF values (C {s.cost} vs {c}, Z {s.size} vs {z}, H {s.h} vs {h})")
+            _fail(
+                f"{s}: stale GDSF values (C {s.cost} vs {cost}, Z {s.size} vs {z}, H {s.h} vs {h})"
+            )
+    if index.gdsf is not None:
+        # The heap's lazy entries must find what a scan of every snapshot finds (gdsf_queue.py).
+        queued, scanned = host_eviction.min_h_victim(index), host_eviction.scan_min_h_victim(index)
+        if queued is not scanned:
+            _fail(f"GDSF queue chose {queued}, a scan chooses {scanned}")
 
     # per-branch path counters: own anchored snapshots + children whose count is nonzero
     live: dict[int, int] = {}
@@ -189,12 +202,18 @@ def check_integrity(index: PrefixIndex) -> None:
     lru_tokens = sum(index.lru.backed.values()) + sum(index.lru.unbacked.values())
     if lru_tokens != index.lru.tokens:
         _fail(f"LRU tokens {index.lru.tokens} != {lru_tokens}")
-    for e in (*index.lru.backed, *index.lru.unbacked):
-        if isinstance(e, Snapshot):
-            if e.id not in index.snapshots:
-                _fail(f"{e}: deleted snapshot in the LRU")
-        elif id(e) not in node_ids:
-            _fail(f"{e}: deleted node in the LRU")
+    for lst in (index.lru.backed, index.lru.unbacked):
+        for e, tokens in lst.items():
+            if isinstance(e, Snapshot):
+                if e.id not in index.snapshots:
+                    _fail(f"{e}: deleted snapshot in the LRU")
+                want = e.tail_device_tokens
+            elif id(e) not in node_ids:
+                _fail(f"{e}: deleted node in the LRU")
+            else:
+                want = BLOCK_TOKENS
+            if tokens != want:
+                _fail(f"{e}: in the LRU with {tokens} tokens, its copy holds {want}")
 
     # slabs and slots
     if index.host is not None:

@@ -15,11 +15,15 @@ from __future__ import annotations
 import hashlib
 from array import array
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, TypedDict
+
+if TYPE_CHECKING:
+    from typing import Unpack  # 3.11+; annotations only (the package supports 3.10)
 
 try:
     import xxhash
 except ImportError:  # e.g. a bare GPU box with only torch: stay importable, hash with blake2b
-    xxhash = None
+    xxhash = None  # type: ignore[assignment]  # the optional-import idiom; xxh3_chain checks it
 
 BLOCK_TOKENS = 64
 TOKEN_BYTES = 4
@@ -59,6 +63,15 @@ def media_key(items: Sequence[tuple[bytes, int, int, int, int]]) -> int:
     return xxh3_chain(data, 0) or 1  # 0 means "no media"
 
 
+class KeyOptions(TypedDict, total=False):
+    """The keyword arguments of :class:`PromptKey` besides its token bytes."""
+
+    extras: Mapping[int, int] | None
+    vision_spans: Sequence[tuple[int, int]]
+    hash_fn: HashFn
+    namespace: int
+
+
 class PromptKey:
     """The exact token sequence of a prompt plus per-block extra keys and Vision spans.
 
@@ -90,8 +103,8 @@ class PromptKey:
         self.hashes: list[int] = []
 
     @classmethod
-    def from_ids(cls, ids: Iterable[int], **kw: object) -> PromptKey:
-        return cls(pack_tokens(ids), **kw)  # type: ignore[arg-type]
+    def from_ids(cls, ids: Iterable[int], **kw: Unpack[KeyOptions]) -> PromptKey:
+        return cls(pack_tokens(ids), **kw)
 
     @property
     def has_extras(self) -> bool:

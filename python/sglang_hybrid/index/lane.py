@@ -15,6 +15,10 @@ from .snapshot import Snapshot
 
 @dataclass(slots=True, eq=False)
 class Lane:
+    """Every field is only changed by :class:`~.prefix_index.PrefixIndex`: set by ``open_lane``,
+    ``path`` grown by ``commit``, ``last_tap`` / ``published`` by ``publish``, ``pinned`` emptied
+    by ``unpin_sources``, ``path`` emptied and ``closed`` set by ``release``."""
+
     id: int
     enabled: bool  # False: the request was asked not to touch the cache (§7.7)
     prompt_n: int = 0  # the prompt's length, marked on its last nodes at release (followups)

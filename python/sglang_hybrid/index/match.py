@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from .keys import BLOCK_BYTES, BLOCK_TOKENS, PromptKey
-from .node import BlockNode, Residency
+from .node import BlockNode, FastResidency
 from .snapshot import Snapshot
 from .tree import BlockTree
 
@@ -43,7 +43,7 @@ def match_prompt(tree: BlockTree, key: PromptKey, limit: int | None = None) -> M
     path: list[BlockNode] = []
     device_blocks = settled = -1
     branch: int | None = None
-    resident, filling = Residency.RESIDENT, Residency.FILLING
+    resident, filling = FastResidency.RESIDENT, FastResidency.FILLING
     data, bb = key.data, BLOCK_BYTES
     hashes = key.hashes
     known = len(hashes)  # hashes[:known] are the prompt's; known >= b at block b

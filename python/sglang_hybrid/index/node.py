@@ -1,8 +1,9 @@
 """Tree nodes: one 64-token block of KV, its copies, and the counts that keep eviction exact.
 
 A node is immutable once inserted (spec §10.2): tokens, extra key and parent never change.
-Residency, pins and counts change; :class:`~.tree.BlockTree` and :class:`~.prefix_index.PrefixIndex`
-keep them consistent and :func:`~.invariants.check_integrity` proves it after any step.
+Residency, pins and counts change, each field only by the writers its comment names (the index's
+parts: ``tree``, ``residency``, ``transfers``, ``path_counts``, the facade ``prefix_index``);
+:func:`~.invariants.check_integrity` proves them consistent after any step.
 """
 
 from __future__ import annotations
@@ -23,9 +24,10 @@ class Residency(enum.IntEnum):
 
 
 class FastResidency:
-    """:class:`Residency`'s members as plain class attributes (the same objects), for the
-    O(path) loops (pin, release, commit): CPython 3.11 reads an Enum member off its class
-    ~100 ns slower than a plain class attribute, twice per node per walk."""
+    """:class:`Residency`'s members as plain class attributes (the same objects). Code reads
+    residency values through this one spelling (``R = FastResidency``) and names the type
+    :class:`Residency`: CPython 3.11 reads an Enum member off its class ~80 ns slower than a
+    plain class attribute, and the O(path) loops (pin, release, commit, match) read it per node."""
 
     ABSENT = Residency.ABSENT
     RESIDENT = Residency.RESIDENT
@@ -36,34 +38,50 @@ class FastResidency:
 class BlockNode:
     """Block ``depth`` of every prompt whose path runs through here: positions [64d, 64d+64)."""
 
+    # Identity and place: set by ``BlockTree.add_child``, never changed after (§10.2), except
+    # ``parent``, cleared by ``BlockTree.remove_leaf`` when the node leaves the tree.
     id: int
     parent: BlockNode | None
     depth: int  # block index b; the root is -1
     lookup_hash: int
     extra: int
     tokens: bytes  # exact packed tokens of the block (§5.1)
-    children: dict[int, BlockNode] | None = None  # by lookup_hash; collisions chain via hash_next
+    # Children by lookup_hash, collisions chained via hash_next; only changed by ``BlockTree``.
+    children: dict[int, BlockNode] | None = None
     hash_next: BlockNode | None = None
     n_children: int = 0
-    # Device copy: an opaque handle owned by the binding (SGLang: the block's KV slot ids).
+    # Device copy: an opaque handle owned by the binding (SGLang: the block's KV slot ids). Only
+    # changed by ``PrefixIndex.commit`` (a lane's page becomes the copy), ``ResidencyTracker``
+    # (attach, drop, delete) and ``HostTransfers.finish_node_fill`` (Filling -> Resident).
     device: object | None = None
     device_state: Residency = Residency.ABSENT
+    # Host copy: a slab of the index's ``HostSlabPool``. Only changed by ``HostTransfers``
+    # (write-through), ``PrefixIndex.drop_node_host`` / ``delete_subtree`` and
+    # ``PrefixIndex.adopt_node`` (a restart, §5.5).
     host_slab: int = -1
     host_state: Residency = Residency.ABSENT
-    # Liveness (§5.2). active_refs: lanes mapping this node; restore_pins: transfers touching it.
+    # Liveness (§5.2). active_refs: lanes mapping this node; only changed by
+    # ``ResidencyTracker.ref`` / ``release_path`` and ``PrefixIndex.commit`` (a new node starts
+    # with its lane's ref). restore_pins: transfers touching it; only changed by
+    # ``HostTransfers`` (fills, prefetch pins).
     active_refs: int = 0
     restore_pins: int = 0
     # Path counters, per branch: snapshots anchored here + children whose own count is nonzero.
     # Zero exactly when no (retained) snapshot's path includes this node, which is all §9.3 and
     # §9.4 ask; counting branches lets an update stop at the first ancestor already counted.
+    # Only changed by ``path_counts`` (live: ``add_live``; retained: ``add_retained`` /
+    # ``remove_retained``).
     live_snapshots_below: int = 0
     retained_below: int = 0
-    forks_below: int = 0  # nodes with >= 2 children in this subtree (Boundary rule, §9.3)
+    # Nodes with >= 2 children in this subtree (Boundary rule, §9.3); only changed by BlockTree.
+    forks_below: int = 0
+    # The tick of its last pin or hit; only changed by ``PrefixIndex`` (open_lane, commit, touch).
     last_access: int = 0
     # End of the latest prompt whose last WINDOW_TOKENS ran through here (``followups``); only
-    # set by ``PrefixIndex.release``.
+    # changed by ``PrefixIndex.release``.
     prompt_end: int = 0
-    snapshots: list[Snapshot] | None = field(default=None)  # anchored here
+    # Snapshots anchored here; only changed by ``PrefixIndex`` (link and delete a snapshot).
+    snapshots: list[Snapshot] | None = field(default=None)
 
     @property
     def is_root(self) -> bool:
@@ -71,11 +89,11 @@ class BlockNode:
 
     @property
     def on_device(self) -> bool:
-        return self.device_state is not Residency.ABSENT
+        return self.device_state is not FastResidency.ABSENT
 
     @property
     def on_host(self) -> bool:
-        return self.host_state is not Residency.ABSENT
+        return self.host_state is not FastResidency.ABSENT
 
     @property
     def end(self) -> int:

@@ -22,13 +22,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
 from .keys import BLOCK_BYTES, BLOCK_TOKENS, TOKEN_BYTES
-from .node import BlockNode, Residency
+from .node import BlockNode, FastResidency
 from .snapshot import Snapshot, SnapshotKind
 
 if TYPE_CHECKING:
     from .prefix_index import PrefixIndex
 
-R = Residency
+R = FastResidency  # Residency, read faster (node.py)
 
 
 class AdoptError(ValueError):
@@ -190,47 +190,41 @@ def adopt_host(index: PrefixIndex, records: HostExport, plan: AdoptPlan) -> Adop
             raise AdoptError(f"block record {i} holds {len(r.tokens)} token bytes")
         if tree.find_child(parent, r.lookup_hash, r.tokens, r.extra) is not None:
             raise AdoptError(f"block record {i} repeats a block")
-        node = tree.add_child(parent, r.lookup_hash, r.tokens, r.extra)
-        slab = host.alloc(1)[0]  # type: ignore[index]
-        node.host_slab, node.host_state = slab, R.RESIDENT
+        one = host.alloc(1)
+        assert one is not None  # the plan fits (checked against host.free above)
+        slab = one[0]
+        made[i] = index.adopt_node(parent, r.lookup_hash, r.tokens, r.extra, slab)
         copies.append((r.slab, slab))
-        made[i] = node
     snaps: list[Snapshot] = []
     for i in plan.snapshots:
-        r = records.snapshots[i]
-        if r.anchor >= 0 and r.anchor not in made:
+        sr = records.snapshots[i]
+        if sr.anchor >= 0 and sr.anchor not in made:
             raise AdoptError(f"snapshot record {i}: its anchor block was not adopted")
-        anchor = made[r.anchor] if r.anchor >= 0 else tree.root
+        anchor = made[sr.anchor] if sr.anchor >= 0 else tree.root
         lo = BLOCK_TOKENS * (anchor.depth + 1)
-        if not lo <= r.frontier < lo + BLOCK_TOKENS or len(r.tail) != TOKEN_BYTES * (
-            r.frontier - lo
+        if not lo <= sr.frontier < lo + BLOCK_TOKENS or len(sr.tail) != TOKEN_BYTES * (
+            sr.frontier - lo
         ):
-            raise AdoptError(f"snapshot record {i}: frontier {r.frontier} vs its anchor and tail")
-        if any(t.tail == r.tail for t in anchor.snapshots or ()):
+            raise AdoptError(f"snapshot record {i}: frontier {sr.frontier} vs its anchor and tail")
+        if any(t.tail == sr.tail for t in anchor.snapshots or ()):
             raise AdoptError(f"snapshot record {i} repeats a snapshot")
-        if len(r.image_slabs) != host.image_slabs or bool(r.tail) != (r.tail_slab >= 0):
+        if len(sr.image_slabs) != host.image_slabs or bool(sr.tail) != (sr.tail_slab >= 0):
             raise AdoptError(f"snapshot record {i}: slab count vs the host geometry")
         try:
-            kind = SnapshotKind(r.kind)
+            kind = SnapshotKind(sr.kind)
         except ValueError as e:
-            raise AdoptError(f"snapshot record {i}: kind {r.kind}") from e
-        s = Snapshot(
-            id=index._next_snapshot, anchor=anchor, frontier=r.frontier, tail=r.tail, kind=kind
-        )
-        index._next_snapshot += 1
-        slabs = host.alloc(host.image_slabs + (1 if r.tail else 0))
+            raise AdoptError(f"snapshot record {i}: kind {sr.kind}") from e
+        slabs = host.alloc(host.image_slabs + (1 if sr.tail else 0))
         assert slabs is not None  # the plan fits
-        if r.tail:
-            s.tail_host_slab, s.tail_host_state = slabs.pop(), R.RESIDENT
-            copies.append((r.tail_slab, s.tail_host_slab))
-        s.host_slabs, s.host_state = tuple(slabs), R.RESIDENT
-        copies.extend(zip(r.image_slabs, slabs, strict=True))
-        s.hits, s.l_at, s.last_hit_tick = r.hits, index.L, index.tick
-        index._link_snapshot(s)  # as publish does (§9.3)
+        tail_slab = slabs.pop() if sr.tail else -1
+        if sr.tail:
+            copies.append((sr.tail_slab, tail_slab))
+        copies.extend(zip(sr.image_slabs, slabs, strict=True))
+        s = index.adopt_snapshot(
+            anchor, sr.frontier, sr.tail, kind, sr.hits, tuple(slabs), tail_slab
+        )
         snaps.append(s)
-    for node in made.values():
-        index._node_changed(node)  # none is dead: every kept block is on a kept path
+    # None of the blocks is dead now: every kept block is on a kept snapshot's path.
     for s in snaps:  # values once, in the final tree
         index.valuer.revalue(s)
-    index.epoch += 1
     return Adopted(len(made), len(snaps), copies)

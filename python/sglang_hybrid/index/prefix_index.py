@@ -12,10 +12,15 @@ Contract with a binding, per request (a *lane*):
 - :meth:`commit` after every pass that completes blocks (§7.6);
 - :meth:`reserve_slot` (supersedes per §9.3, takes a slot per §9.2), copy the live state into it,
   then :meth:`publish` (taps mid-prefill, the endpoint at finish or cancel, §7.4, §7.7);
-- :meth:`plan_writes` / :meth:`complete_writes` (write-through) and :meth:`release`.
+- ``transfers.plan_writes`` / ``transfers.complete_writes`` (write-through) and :meth:`release`.
 
-The facade is split by concept: residency changes and device pressure live in ``residency``,
-host copies in both directions in ``transfers`` (mixins over the same state).
+Its parts are composed objects, each the only writer of what it owns: ``residency``
+(:class:`~.residency.ResidencyTracker`: the device LRU, the dead-KV list, device tokens, dropped
+handles), ``transfers`` (:class:`~.transfers.HostTransfers`: the host copies' protocol, Filling
+states, restore pins), ``tree``, ``slots``, ``host`` and ``valuer``. ``path_counts`` and ``links``
+keep the snapshots' path counters and links, ``supersession`` answers what a new snapshot
+supersedes. Lanes, snapshots, supersession, L and the clocks only this class changes. Upper
+layers change the index only through its public methods and parts.
 
 Every mutation keeps the invariants of §10; :func:`~.invariants.check_integrity` verifies them.
 All bookkeeping is O(1) or O(path); host victim selection is O(snapshots) (§9.3).
@@ -25,24 +30,27 @@ from __future__ import annotations
 
 import enum
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from . import persist
+from . import links, persist
 from . import valuation as val
 from .config import CacheConfig
 from .cost import CostModel
 from .device_lru import DeviceLRU
 from .device_slots import STAGING, DeviceSnapshotSlots, SlotSource
 from .followups import WINDOW_TOKENS, FollowUpOffsets
+from .gdsf_queue import GdsfQueue
 from .host_slabs import HostSlabPool
 from .keys import BLOCK_BYTES, BLOCK_TOKENS, PromptKey
 from .lane import Lane
 from .match import Match, match_prompt
 from .node import BlockNode, FastResidency
+from .path_counts import add_live, add_retained, remove_retained
 from .persist import Adopted, AdoptPlan, HostExport
-from .residency import DeviceResidency
+from .residency import ResidencyTracker
 from .snapshot import Snapshot, SnapshotKind
+from .supersession import lineage, may_supersede
 from .taps import Tap, TapHint, TapPlanner
 from .transfers import HostTransfers
 from .tree import BlockTree
@@ -58,6 +66,9 @@ class CommitKind(enum.IntEnum):
 
 @dataclass(slots=True)
 class IndexStats:
+    """The index's own counters: only changed by the index and its parts (``transfers``,
+    ``host_eviction``); the binding and the coalescer keep theirs."""
+
     taps_published: int = 0
     endpoints_published: int = 0
     duplicate_publications: int = 0
@@ -69,57 +80,80 @@ class IndexStats:
     host_superseded_evicted: int = 0
     host_gdsf_evicted: int = 0
     image_writes_refused: int = 0
-    # Counted by the backend's coalescer (spec §12.2): requests held, and passes they were held.
 
 
-class PrefixIndex(DeviceResidency, HostTransfers):
+class PrefixIndex:
     def __init__(
         self, config: CacheConfig, *, image_bytes: int, slab_bytes: int, cost: CostModel
     ) -> None:
         self.config = config
         self.image_bytes = image_bytes
         self.slab_bytes = slab_bytes
-        self.tree = BlockTree()
-        self.lru = DeviceLRU()
+        # Parts, each changed only through its own methods; who calls which is noted here.
+        self.tree = BlockTree()  # structure: commit, delete_subtree, adopt_node
+        self.residency = ResidencyTracker()  # the LRU, dead KV, device tokens, dropped handles
+        self.transfers = HostTransfers(self)  # the binding's host copies (write, fill, prefetch)
+        # Snapshot slots: taken and released only here (reserve, cancel, publish, drop, delete).
         self.slots = DeviceSnapshotSlots(config.device_snapshot_slots)
+        # Host slabs: allocated and released only by this class, ``transfers`` and ``persist``.
         self.host: HostSlabPool | None = (
             HostSlabPool(config.host_cache_bytes, slab_bytes, image_bytes)
             if config.has_host
             else None
         )
-        self.valuer = val.Valuer(cost, image_bytes, slab_bytes, host=config.has_host)
-        self.planner = TapPlanner(
-            max_new_taps=config.max_new_taps,
+        # Snapshots by id: publish, adopt_snapshot, delete_snapshot (only this class).
+        self.snapshots: dict[int, Snapshot] = {}
+        # GDSF victim order (§9.3), with a host tier: pushed by ``valuer`` on every new H and by
+        # ``transfers`` when an image write starts; popped lazily by ``host_eviction``.
+        self.gdsf: GdsfQueue | None = GdsfQueue(self.snapshots) if config.has_host else None
+        self.valuer = val.Valuer(
+            cost, image_bytes, slab_bytes, host=config.has_host, queue=self.gdsf
+        )
+        self.planner = TapPlanner(  # its only state, over_budget, moves in plan_taps
+            taps_per_request=config.taps_per_request,
             ladder_tokens=config.tap_ladder_tokens,
             min_gap_tokens=config.tap_min_gap_tokens,
         )
         self.followups = FollowUpOffsets()  # only open_lane observes; plan_taps reads
-        self.snapshots: dict[int, Snapshot] = {}
-        self.superseded: OrderedDict[Snapshot, None] = OrderedDict()  # oldest supersession first
-        self.dead: OrderedDict[BlockNode, None] = OrderedDict()  # host KV no snapshot can reach
-        self.lanes: dict[int, Lane] = {}
-        self.L = 0.0  # GDSF inflation (§9.3), monotonic
-        self.tick = 0
-        self.epoch = 0  # bumps whenever a quote may have gone stale (§6.3)
-        self.device_tokens = 0  # device tokens held by cache entries (nodes and tails)
+        # The rest is only changed by this class. Superseded snapshots, oldest supersession
+        # first: supersede, a hit, delete.
+        self.superseded: OrderedDict[Snapshot, None] = OrderedDict()
+        self.lanes: dict[int, Lane] = {}  # open lanes: open_lane, release
+        self.L = 0.0  # GDSF inflation (§9.3), monotonic: raise_inflation
+        self.tick = 0  # the order of pins, hits, publications and supersessions
+        # Bumps whenever a quote may have gone stale (§6.3); also bumped by ``transfers``.
+        self.epoch = 0
         self.stats = IndexStats()
-        self._freed: list[tuple[object, int]] = []
         self._next_snapshot = 1
         self._next_lane = 1
 
-    # ================================================================ sizes
+    # ================================================================ sizes and lists (read-only)
+    @property
+    def device_tokens(self) -> int:
+        """Device tokens held by cache entries (nodes and tails)."""
+        return self.residency.device_tokens
+
     @property
     def evictable_tokens(self) -> int:
-        return self.lru.tokens
+        return self.residency.lru.tokens
 
     @property
     def protected_tokens(self) -> int:
-        return self.device_tokens - self.lru.tokens
+        return self.residency.protected_tokens
+
+    @property
+    def lru(self) -> DeviceLRU:
+        """The device LRU (§9.1), to read; ``residency`` changes it."""
+        return self.residency.lru
+
+    @property
+    def dead(self) -> OrderedDict[BlockNode, None]:
+        """Host KV no snapshot can reach (§9.3), to read; ``residency`` changes it."""
+        return self.residency.dead
 
     def drain_freed_device(self) -> list[tuple[object, int]]:
         """Device handles (and their token footprint) the index dropped since the last drain."""
-        out, self._freed = self._freed, []
-        return out
+        return self.residency.drain_freed()
 
     # ================================================================ lookup
     def match(self, key: PromptKey, limit: int | None = None) -> Match:
@@ -130,7 +164,7 @@ class PrefixIndex(DeviceResidency, HostTransfers):
         self.tick += 1
         for node in reversed(m.path):
             node.last_access = self.tick
-            self.lru.touch(node)
+            self.residency.touch(node)
 
     # ================================================================ lanes
     def open_lane(self, m: Match, source: Snapshot | None, *, enabled: bool = True) -> Lane:
@@ -155,22 +189,14 @@ class PrefixIndex(DeviceResidency, HostTransfers):
             lane.pinned.append(source)
             lane.resumed_from = source
             lane.resumed_from_endpoint = source.kind is SnapshotKind.ENDPOINT
-            for node in m.path[:k]:
-                self._ref(node, lane)
+            path = m.path[:k]
+            ref, tick = self.residency.ref, self.tick
+            for node in path:
+                ref(node)
+                node.last_access = tick
+            lane.path.extend(path)
         self.lanes[lane.id] = lane
         return lane
-
-    def _ref(self, node: BlockNode, lane: Lane) -> None:
-        """Pin a node for a lane: the hot path of admission, kept to what can change."""
-        node.active_refs += 1
-        node.last_access = self.tick
-        lane.path.append(node)
-        if node.active_refs == 1 and node.restore_pins == 0:
-            # It was free: it leaves the LRU (if resident) and the dead list (if there).
-            if node.device_state is R.RESIDENT:
-                self.lru.remove(node)
-            if node.host_state is R.RESIDENT and node.live_snapshots_below == 0:
-                del self.dead[node]
 
     def unpin_sources(self, lane: Lane) -> None:
         """The lane's copies out of its source snapshot (state, tail) have landed."""
@@ -196,7 +222,7 @@ class PrefixIndex(DeviceResidency, HostTransfers):
         hashes = key.ensure_hashes(end)
         data, bb = key.data, BLOCK_BYTES
         extra_of = key.extra if key.has_extras else None
-        tree, path = self.tree, lane.path
+        tree, path, ref = self.tree, lane.path, self.residency.ref
         out: list[tuple[int, BlockNode, CommitKind]] = []
         parent = path[-1] if path else tree.root
         self.tick += 1
@@ -212,7 +238,7 @@ class PrefixIndex(DeviceResidency, HostTransfers):
             node = tree.find_child(parent, h, tokens, x) if parent.children else None
             if node is None:
                 # A new node is pinned by this lane and device-only: in neither the LRU nor the
-                # dead list, so no membership update is needed.
+                # dead list, as ``residency.node_changed`` would find (its copy is counted below).
                 node = tree.add_child(parent, h, tokens, x)
                 node.device, node.device_state = device_of(b), R.RESIDENT
                 node.active_refs, node.last_access = 1, tick
@@ -223,12 +249,14 @@ class PrefixIndex(DeviceResidency, HostTransfers):
             if node.device_state is R.FILLING:
                 break
             kind = adopted if node.device_state is R.ABSENT else dup
-            self._ref(node, lane)  # pinned first: an adopted copy never enters the LRU
+            ref(node)  # pinned first: an adopted copy never enters the LRU
+            node.last_access = tick
+            path.append(node)
             if kind is adopted:
                 node.device, node.device_state = device_of(b), R.RESIDENT
             out.append((b, node, kind))
             parent = node
-        self.device_tokens += BLOCK_TOKENS * sum(1 for _, _, k in out if k is not dup)
+        self.residency.count_device(BLOCK_TOKENS * sum(1 for _, _, k in out if k is not dup))
         self.epoch += 1
         return out
 
@@ -244,15 +272,7 @@ class PrefixIndex(DeviceResidency, HostTransfers):
             # observation of ``followups`` (nodes ending in (n - WINDOW_TOKENS, n]).
             for node in lane.path[max(0, (n - WINDOW_TOKENS) // BLOCK_TOKENS) : n // BLOCK_TOKENS]:
                 node.prompt_end = n
-        lru, dead = self.lru, self.dead
-        for node in reversed(lane.path):
-            node.active_refs -= 1
-            if node.active_refs == 0 and node.restore_pins == 0:
-                backed = node.host_state is R.RESIDENT
-                if node.device_state is R.RESIDENT:
-                    lru.add(node, BLOCK_TOKENS, backed)
-                if backed and node.live_snapshots_below == 0:
-                    dead[node] = None
+        self.residency.release_path(lane.path)
         lane.path.clear()
         lane.closed = True
         del self.lanes[lane.id]
@@ -311,7 +331,7 @@ class PrefixIndex(DeviceResidency, HostTransfers):
         """
         if not lane.enabled:
             return None
-        lineage = self._lineage(lane, frontier, kind)
+        superseding = lineage(lane, frontier, kind, self.snapshots)
         base = max(
             (
                 t.frontier
@@ -323,7 +343,7 @@ class PrefixIndex(DeviceResidency, HostTransfers):
         estimate = self.valuer.estimate(
             self.L, base, frontier, frontier % BLOCK_TOKENS != 0, demand
         )
-        choice = self.slots.choose(estimate, superseding=lineage)
+        choice = self.slots.choose(estimate, superseding=superseding)
         if choice is None:
             self.stats.skipped_no_slot += 1
             if any(isinstance(o, Snapshot) and not o.restore_pins for o in self.slots.owner):
@@ -331,7 +351,7 @@ class PrefixIndex(DeviceResidency, HostTransfers):
                 # its priority. Beyond the spec: without this, residents hit once long ago keep
                 # every later tap out for good (L only moved on evictions, and none happen).
                 self.raise_inflation(estimate)
-            self._revalue(*self._supersede_all(lineage))
+            self._revalue(*self._supersede_all(superseding))
             return None
         victim = choice.victim
         if victim is not None:
@@ -339,7 +359,7 @@ class PrefixIndex(DeviceResidency, HostTransfers):
             if choice.source is SlotSource.HOST_BACKED or (
                 choice.source is SlotSource.SUPERSEDED and keeps_host_copy
             ):
-                self._drop_image_device(victim)
+                self.drop_image_device(victim)
             else:
                 if choice.source is SlotSource.DEVICE_ONLY:
                     self.raise_inflation(victim.h)
@@ -359,7 +379,7 @@ class PrefixIndex(DeviceResidency, HostTransfers):
         assert self.slots.owner[slot] is STAGING, slot
         self.slots.release(slot)
         if lane is not None:
-            self._revalue(*self._supersede_all(self._lineage(lane, frontier, kind)))
+            self._revalue(*self._supersede_all(lineage(lane, frontier, kind, self.snapshots)))
 
     def publish(
         self,
@@ -414,9 +434,7 @@ class PrefixIndex(DeviceResidency, HostTransfers):
         s.device_slot, s.device_state = slot, R.RESIDENT
         self.slots.take(slot, s)
         if tail:
-            s.tail_device, s.tail_device_state = tail_device, R.RESIDENT
-            s.tail_device_tokens = tail_device_tokens
-            self.device_tokens += tail_device_tokens
+            self.residency.attach_tail(s, tail_device, tail_device_tokens, R.RESIDENT)
         s.l_at, s.last_hit_tick = self.L, self.tick
         s.demand = demand
         step = lane.last_tap if lane.resumed_from_endpoint else None
@@ -425,9 +443,9 @@ class PrefixIndex(DeviceResidency, HostTransfers):
         owner = self._link_snapshot(s)
         # The lineage is read now, not at reservation: a lane may hold several reservations at
         # once (taps captured inside one pass), each superseding the ones published before it.
-        recost, resize = self._supersede_all(self._lineage(lane, frontier, kind))
+        recost, resize = self._supersede_all(lineage(lane, frontier, kind, self.snapshots))
         self._revalue([*val.retained_frontier_below(s), *recost], [s, owner, *resize])
-        self._tail_changed(s)
+        self.residency.tail_changed(s)
         if kind is SnapshotKind.ENDPOINT:
             self.stats.endpoints_published += 1
         else:
@@ -441,54 +459,24 @@ class PrefixIndex(DeviceResidency, HostTransfers):
         """Enter a new retained snapshot: counted retained, listed at its anchor, its ancestor and
         dependents linked (§9.3). Returns the snapshot that owned its path before (to revalue)."""
         anchor = s.anchor
-        owner = self._add_retained(s)  # before s is listed: the owner is someone else
+        owner = add_retained(s)  # before s is listed: the owner is someone else
         if anchor.snapshots is None:
             anchor.snapshots = []
         anchor.snapshots.append(s)
         self.snapshots[s.id] = s
-        self._add_live(anchor, +1)
-        s.ancestor = val.find_ancestor(s)
-        for d in val.find_dependents(s):
-            self._relink(d, s)
-        if s.ancestor is not None:
-            s.ancestor.dependents.append(s)
+        add_live(anchor, +1, self.residency)
+        links.link(s)
         return owner
 
     def pin_snapshot(self, s: Snapshot) -> None:
+        """A copy reads ``s`` (a lane's copy-on-write, a restore, a write): kept whole meanwhile."""
         s.restore_pins += 1
-        self._tail_changed(s)
+        self.residency.tail_changed(s)
 
     def unpin_snapshot(self, s: Snapshot) -> None:
         s.restore_pins -= 1
         assert s.restore_pins >= 0, s
-        self._tail_changed(s)
-
-    def _may_supersede(self, s: Snapshot) -> bool:
-        if s.superseded or s.id not in self.snapshots:
-            return False
-        return s.kind is not SnapshotKind.BOUNDARY or BlockTree.is_single_chain(s.anchor)
-
-    def _lineage(self, lane: Lane, frontier: int, kind: SnapshotKind) -> list[Snapshot]:
-        """What a new snapshot of ``lane`` supersedes (§9.3), plus one rule beyond the spec.
-
-        The spec keeps every prompt's last tap retained, for a next turn whose template re-renders
-        the reply. But a template that strips thinking re-renders the whole last turn, so the next
-        turn diverges at the turn's *first* opener: the last tap of a request that itself resumed
-        from an endpoint (a tool step continuing the turn) serves only a retry of that request.
-        Once the lineage moves on from its endpoint, that tap is superseded too, so its slot goes
-        before the turn's first opener's (which GDSF values low: it saves few tokens over the
-        snapshot below it).
-        """
-        src = lane.resumed_from
-        step_tap = None
-        if src is not None and src.lineage_tap >= 0:
-            step_tap = self.snapshots.get(src.lineage_tap)
-        last = lane.last_tap if kind is not SnapshotKind.ENDPOINT else None
-        out = []
-        for t in (src, last, step_tap):
-            if t is not None and t.frontier < frontier and self._may_supersede(t) and t not in out:
-                out.append(t)
-        return out
+        self.residency.tail_changed(s)
 
     def _supersede_all(
         self, snaps: list[Snapshot]
@@ -497,14 +485,14 @@ class PrefixIndex(DeviceResidency, HostTransfers):
         recost: list[Snapshot | None] = []
         resize: list[Snapshot | None] = []
         for s in snaps:
-            if not self._may_supersede(s):
+            if not may_supersede(s, self.snapshots):
                 continue
             recost += val.retained_frontier_below(s)
             s.superseded = True
             self.tick += 1
             s.superseded_tick = self.tick
             self.superseded[s] = None
-            resize.append(self._remove_retained(s))
+            resize.append(remove_retained(s))
         return recost, resize
 
     def _hit(self, s: Snapshot) -> None:
@@ -514,7 +502,7 @@ class PrefixIndex(DeviceResidency, HostTransfers):
         s.l_at = self.L
         s.last_hit_tick = self.tick
         if s.superseded:  # a hit retains it again until the lineage moves on (§9.3)
-            owner = self._add_retained(s)  # while still flagged: the owner is someone else
+            owner = add_retained(s)  # while still flagged: the owner is someone else
             s.superseded = False
             del self.superseded[s]
             self._revalue(list(val.retained_frontier_below(s)), [s, owner])
@@ -530,18 +518,16 @@ class PrefixIndex(DeviceResidency, HostTransfers):
         assert s.restore_pins == 0, f"deleting pinned {s}"
         retained = not s.superseded
         below = list(val.retained_frontier_below(s)) if retained else []
-        s.anchor.snapshots.remove(s)  # type: ignore[union-attr]
+        peers = s.anchor.snapshots
+        assert peers is not None  # a snapshot is always listed on its anchor
+        peers.remove(s)
         if not s.anchor.snapshots:
             s.anchor.snapshots = None
         del self.snapshots[s.id]
         self.superseded.pop(s, None)
-        owner = self._remove_retained(s) if retained else None
-        self._add_live(s.anchor, -1)
-        for d in list(s.dependents):
-            self._relink(d, s.ancestor)
-        if s.ancestor is not None:
-            s.ancestor.dependents.remove(s)
-        s.ancestor = None
+        owner = remove_retained(s) if retained else None
+        add_live(s.anchor, -1, self.residency)
+        links.unlink(s)
         if s.device_slot >= 0:
             self.slots.release(s.device_slot)
             s.device_slot, s.device_state = -1, R.ABSENT
@@ -553,22 +539,14 @@ class PrefixIndex(DeviceResidency, HostTransfers):
         s.host_slabs, s.host_state = (), R.ABSENT
         s.tail_host_slab, s.tail_host_state = -1, R.ABSENT
         if s.tail_device_state is not R.ABSENT:
-            self._drop_tail_device(s)
+            self.residency.drop_tail_device(s)
         self._revalue(below, [owner])
         self.epoch += 1
 
-    # ---------------------------------------------------------------- snapshot helpers
-    def _relink(self, d: Snapshot, new_ancestor: Snapshot | None) -> None:
-        if d.ancestor is not None:
-            d.ancestor.dependents.remove(d)
-        d.ancestor = new_ancestor
-        if new_ancestor is not None:
-            new_ancestor.dependents.append(d)
-
     def _revalue(
         self,
-        recost: list[Snapshot | None],
-        resize: list[Snapshot | None] = (),  # type: ignore[assignment]
+        recost: Sequence[Snapshot | None],
+        resize: Sequence[Snapshot | None] = (),
     ) -> None:
         """Recompute C for ``recost`` and C and Z for ``resize``, once each (None and repeats ok).
 
@@ -585,50 +563,83 @@ class PrefixIndex(DeviceResidency, HostTransfers):
                 seen.add(t.id)
                 self.valuer.recost(t)
 
-    # Path counters are per branch (own anchored snapshots + children whose count is nonzero),
-    # so an update propagates only while a count crosses zero: publishing below a live snapshot
-    # stops at it. Zero still means exactly "no snapshot's path includes this node" (§5.2).
-    def _add_live(self, node: BlockNode, delta: int) -> None:
-        dead = self.dead
-        while node.parent is not None:
-            before = node.live_snapshots_below
-            node.live_snapshots_below = before + delta
-            if (before == 0) == (before + delta == 0):
-                return
-            # Liveness only decides dead-KV membership: free host copies with no snapshot below.
-            if node.host_state is R.RESIDENT and node.active_refs == 0 and node.restore_pins == 0:
-                if delta > 0:
-                    dead.pop(node, None)
-                else:
-                    dead[node] = None
-            node = node.parent
+    # ================================================================ dropping copies (§9.1, §9.4)
+    def drop_image_device(self, s: Snapshot) -> None:
+        """Free the slot of ``s``'s image (its host copy remains)."""
+        self.slots.release(s.device_slot)
+        s.device_slot, s.device_state = -1, R.ABSENT
+        self.epoch += 1
 
-    def _add_retained(self, s: Snapshot) -> Snapshot | None:
-        """Count ``s`` as retained; returns the snapshot whose exclusive path it now shares.
+    def drop_node_host(self, n: BlockNode) -> None:
+        """Free a node's host copy; with no device copy left the subtree goes too (§9.4)."""
+        assert self.host is not None
+        self.host.release([n.host_slab])
+        n.host_slab, n.host_state = -1, R.ABSENT
+        if n.device_state is R.ABSENT:
+            self.delete_subtree(n)
+        else:
+            self.residency.node_changed(n)
+            if (owner := val.sole_retained_below(n)) is not None:
+                self.valuer.revalue(owner)  # its exclusive path lost host bytes
+        self.epoch += 1
 
-        ``s`` must not yet be visible as retained at its anchor (unlisted or still flagged).
+    def drop_snapshot_host(self, s: Snapshot) -> None:
+        """Free a snapshot's host copies (image and tail); its device copies stay (§9.3)."""
+        assert self.host is not None
+        if s.host_slabs:
+            self.host.release(s.host_slabs)
+        s.host_slabs, s.host_state = (), R.ABSENT
+        if s.tail_host_slab >= 0:
+            self.host.release([s.tail_host_slab])
+            s.tail_host_slab, s.tail_host_state = -1, R.ABSENT
+            self.residency.tail_changed(s)
+        self.valuer.revalue(s)
+        self.epoch += 1
+
+    def delete_subtree(self, node: BlockNode) -> None:
+        """Losing the last copy (§9.4): the node, everything below it and their snapshots go."""
+        self.stats.subtree_deletions += 1
+        for x in list(self.tree.subtree_postorder(node)):
+            assert x.active_refs == 0 and x.restore_pins == 0, f"deleting pinned {x}"
+            for s in list(x.snapshots or ()):
+                self.delete_snapshot(s)
+            self.residency.forget_node(x)
+            if x.host_state is not R.ABSENT:
+                assert self.host is not None
+                self.host.release([x.host_slab])
+                x.host_slab, x.host_state = -1, R.ABSENT
+            self.tree.remove_leaf(x)
+        self.epoch += 1
+
+    def evict_device(self, tokens: int, *, backed_only: bool = False) -> int:
+        """Free at least ``tokens`` device tokens from the LRU if it can; returns tokens freed.
+
+        ``backed_only`` never drops a last copy (a prefetch must not, §6.6).
         """
-        node = s.anchor
-        while node.parent is not None and not node.retained_below:
-            node = node.parent
-        owner = val.sole_retained_below(node) if node.parent is not None else None
-        node = s.anchor
-        while node.parent is not None:
-            node.retained_below += 1
-            if node.retained_below > 1:
+        residency = self.residency
+        lru, stats = residency.lru, self.stats
+        start = residency.device_tokens
+        while start - residency.device_tokens < tokens:
+            victim = next(iter(lru.backed), None) if backed_only else lru.peek_victim()
+            if victim is None:
                 break
-            node = node.parent
-        return owner
-
-    def _remove_retained(self, s: Snapshot) -> Snapshot | None:
-        """Stop counting ``s`` (already flagged); returns the snapshot whose exclusive path grew."""
-        node = s.anchor
-        while node.parent is not None:
-            node.retained_below -= 1
-            if node.retained_below:
-                return val.sole_retained_below(node)
-            node = node.parent
-        return None
+            if isinstance(victim, BlockNode):
+                if victim.host_state is R.RESIDENT:
+                    stats.device_evicted_backed += 1
+                    residency.drop_node_device(victim)
+                else:
+                    stats.device_evicted_unbacked += 1
+                    self.delete_subtree(victim)
+            else:
+                assert isinstance(victim, Snapshot)
+                if victim.tail_host_state is R.RESIDENT:
+                    stats.device_evicted_backed += 1
+                    residency.drop_tail_device(victim)
+                else:
+                    stats.device_evicted_unbacked += 1
+                    self.delete_snapshot(victim)
+            self.epoch += 1
+        return start - residency.device_tokens
 
     # ================================================================ persistence (§5.5)
     def export_host(self) -> HostExport:
@@ -643,6 +654,38 @@ class PrefixIndex(DeviceResidency, HostTransfers):
     def adopt_host(self, records: HostExport, plan: AdoptPlan) -> Adopted:
         """Rebuild the planned records as host-only entries; returns the slab copies to make."""
         return persist.adopt_host(self, records, plan)
+
+    def adopt_node(
+        self, parent: BlockNode, lookup_hash: int, tokens: bytes, extra: int, slab: int
+    ) -> BlockNode:
+        """A host-only block rebuilt from saved records (``adopt_host``) in host slab ``slab``."""
+        node = self.tree.add_child(parent, lookup_hash, tokens, extra)
+        node.host_slab, node.host_state = slab, R.RESIDENT
+        self.residency.node_changed(node)  # dead until a snapshot's path runs through it
+        return node
+
+    def adopt_snapshot(
+        self,
+        anchor: BlockNode,
+        frontier: int,
+        tail: bytes,
+        kind: SnapshotKind,
+        hits: int,
+        image_slabs: tuple[int, ...],
+        tail_slab: int,
+    ) -> Snapshot:
+        """A host-only snapshot rebuilt from saved records in the given host slabs, entered as
+        :meth:`publish` enters one (§9.3). Its value is left to the caller: ``adopt_host``
+        revalues every adopted snapshot once, in the final tree."""
+        s = Snapshot(id=self._next_snapshot, anchor=anchor, frontier=frontier, tail=tail, kind=kind)
+        self._next_snapshot += 1
+        if tail:
+            s.tail_host_slab, s.tail_host_state = tail_slab, R.RESIDENT
+        s.host_slabs, s.host_state = image_slabs, R.RESIDENT
+        s.hits, s.l_at, s.last_hit_tick = hits, self.L, self.tick
+        self._link_snapshot(s)
+        self.epoch += 1
+        return s
 
     # ================================================================ checks
     def check_integrity(self) -> None:

@@ -1,45 +1,55 @@
-"""Residency of device and host copies, and device pressure (spec §9.1, §9.4).
+"""Residency bookkeeping (spec §9.1, §9.3): what follows from where a block's copies are.
 
-A mixin of :class:`~.prefix_index.PrefixIndex`: the single place that re-derives LRU and dead-KV
-membership from a node's or tail's fields, the drops that free copies (queuing device handles for
-the binding), subtree deletion when the last copy goes, and the device LRU eviction loop.
+:class:`ResidencyTracker` is a part of :class:`~.prefix_index.PrefixIndex` (``index.residency``)
+and the only writer of the device LRU (free device copies, §9.1), the dead-KV list (free host
+copies no snapshot can reach, §9.3), the device token count and the queue of dropped device
+handles the binding frees. List membership is a function of a node's (or a tail's) fields:
+:meth:`~ResidencyTracker.node_changed` and :meth:`~ResidencyTracker.tail_changed` re-derive it
+after any change of them. The per-request pins (a lane pinning and releasing its path) take fast
+paths instead, :meth:`~ResidencyTracker.ref` and :meth:`~ResidencyTracker.release_path`, which make
+only the one transition their change can cause; :func:`~.invariants.check_integrity` recomputes
+every membership from the fields, so a fast path that diverged fails there.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections import OrderedDict
 
-from . import valuation as val
+from .device_lru import DeviceLRU
 from .keys import BLOCK_TOKENS
-from .node import BlockNode, FastResidency
+from .node import BlockNode, FastResidency, Residency
 from .snapshot import Snapshot
-
-if TYPE_CHECKING:
-    from .device_lru import DeviceLRU
-    from .device_slots import DeviceSnapshotSlots
-    from .host_slabs import HostSlabPool
-    from .prefix_index import IndexStats
-    from .tree import BlockTree
-    from .valuation import Valuer
 
 R = FastResidency  # Residency, read faster (node.py)
 
 
-class DeviceResidency:
-    # State owned by PrefixIndex (declared for readers and type checkers).
-    tree: BlockTree
-    lru: DeviceLRU
-    slots: DeviceSnapshotSlots
-    host: HostSlabPool | None
-    stats: IndexStats
-    valuer: Valuer
-    dead: dict[BlockNode, None]
-    device_tokens: int
-    epoch: int
-    _freed: list[tuple[object, int]]
+class ResidencyTracker:
+    def __init__(self) -> None:
+        # Free nodes' and unpinned tails' device copies, backed ones first (§9.1).
+        self.lru = DeviceLRU()
+        # Free nodes whose host copy no snapshot reaches, oldest first (§9.3 dead KV).
+        self.dead: OrderedDict[BlockNode, None] = OrderedDict()
+        # Device tokens held by cache entries (nodes and tails, Filling ones included).
+        self.device_tokens = 0
+        # Device handles dropped since the binding last drained them (``drain_freed``).
+        self._freed: list[tuple[object, int]] = []
 
-    def _node_changed(self, n: BlockNode) -> None:
-        """Re-derive LRU and dead-KV membership from the node's fields (the single place)."""
+    @property
+    def evictable_tokens(self) -> int:
+        return self.lru.tokens
+
+    @property
+    def protected_tokens(self) -> int:
+        return self.device_tokens - self.lru.tokens
+
+    def drain_freed(self) -> list[tuple[object, int]]:
+        """Device handles (and their token footprint) dropped since the last drain."""
+        out, self._freed = self._freed, []
+        return out
+
+    # ================================================================ the entry point
+    def node_changed(self, n: BlockNode) -> None:
+        """Re-derive the node's LRU and dead-KV membership from its fields."""
         free = n.active_refs == 0 and n.restore_pins == 0
         in_lru = free and n.device_state is R.RESIDENT
         backed = n.host_state is R.RESIDENT
@@ -57,7 +67,8 @@ class DeviceResidency:
         elif n in self.dead:
             del self.dead[n]
 
-    def _tail_changed(self, s: Snapshot) -> None:
+    def tail_changed(self, s: Snapshot) -> None:
+        """Re-derive the tail's LRU membership from the snapshot's fields."""
         in_lru = s.tail_device_state is R.RESIDENT and s.restore_pins == 0
         backed = s.tail_host_state is R.RESIDENT
         if in_lru:
@@ -68,98 +79,78 @@ class DeviceResidency:
         elif s in self.lru:
             self.lru.remove(s)
 
-    def _drop_image_device(self, s: Snapshot) -> None:
-        self.slots.release(s.device_slot)
-        s.device_slot, s.device_state = -1, R.ABSENT
-        self.epoch += 1
+    # ================================================================ fast paths (per request)
+    # Both change only ``active_refs``. A node is *free* when it has no ref and no restore pin;
+    # only a free node can be in either list, and only the free/pinned boundary moves it.
+    def ref(self, node: BlockNode) -> None:
+        """A lane pins ``node``. Equivalent to ``active_refs += 1; node_changed(node)``: when the
+        ref makes a free node pinned, node_changed would take it out of the LRU exactly when its
+        device copy is Resident and out of the dead list exactly when its host copy is Resident
+        with no live snapshot below (where a free node is); any other ref leaves it in neither."""
+        node.active_refs += 1
+        if node.active_refs == 1 and node.restore_pins == 0:
+            if node.device_state is R.RESIDENT:
+                self.lru.remove(node)
+            if node.host_state is R.RESIDENT and node.live_snapshots_below == 0:
+                del self.dead[node]
 
-    def _drop_tail_device(self, s: Snapshot) -> None:
+    def release_path(self, path: list[BlockNode]) -> None:
+        """A lane drops its refs on ``path``, deepest first, so that freed nodes enter the LRU
+        deepest first (§9.1). Equivalent to ``active_refs -= 1; node_changed(node)`` per node:
+        a node that becomes free was pinned, so in neither list, and node_changed would add it
+        to the LRU (backed list when its host copy is Resident) when its device copy is Resident
+        and to the dead list when its host copy is Resident with no live snapshot below."""
+        lru, dead = self.lru, self.dead
+        resident = R.RESIDENT
+        for node in reversed(path):
+            node.active_refs -= 1
+            if node.active_refs == 0 and node.restore_pins == 0:
+                backed = node.host_state is resident
+                if node.device_state is resident:
+                    lru.add(node, BLOCK_TOKENS, backed)
+                if backed and node.live_snapshots_below == 0:
+                    dead[node] = None
+
+    def touch(self, node: BlockNode) -> None:
+        """A hit: the node's device copy (if free) goes to the MRU end of its list."""
+        self.lru.touch(node)
+
+    # ================================================================ device copies
+    def count_device(self, tokens: int) -> None:
+        """``PrefixIndex.commit`` made ``tokens`` of lane pages node copies (it sets the nodes'
+        fields inline, on the per-block path; they are pinned, so in neither list)."""
+        self.device_tokens += tokens
+
+    def attach_node(self, n: BlockNode, device: object, state: Residency) -> None:
+        n.device, n.device_state = device, state
+        self.device_tokens += BLOCK_TOKENS
+        self.node_changed(n)
+
+    def attach_tail(self, s: Snapshot, device: object, tokens: int, state: Residency) -> None:
+        """The tail's device copy (the caller re-derives membership once the pins are set)."""
+        s.tail_device, s.tail_device_state, s.tail_device_tokens = device, state, tokens
+        self.device_tokens += tokens
+
+    def drop_node_device(self, n: BlockNode) -> None:
+        """Free the node's device copy (queued for the binding); the node stays in the tree."""
+        self.lru.discard(n)
+        self._freed.append((n.device, BLOCK_TOKENS))
+        self.device_tokens -= BLOCK_TOKENS
+        n.device, n.device_state = None, R.ABSENT
+        self.node_changed(n)
+
+    def drop_tail_device(self, s: Snapshot) -> None:
+        """Free the tail's device copy. ``tail_device_tokens`` stays: a restore needs as many."""
         self.lru.discard(s)
         self._freed.append((s.tail_device, s.tail_device_tokens))
         self.device_tokens -= s.tail_device_tokens
         s.tail_device, s.tail_device_state = None, R.ABSENT
 
-    def _drop_node_device(self, n: BlockNode) -> None:
-        self.lru.discard(n)
-        self._freed.append((n.device, BLOCK_TOKENS))
-        self.device_tokens -= BLOCK_TOKENS
-        n.device, n.device_state = None, R.ABSENT
-        self._node_changed(n)
-
-    def drop_node_host(self, n: BlockNode) -> None:
-        """Free a node's host copy; with no device copy left the subtree goes too (§9.4)."""
-        assert self.host is not None
-        self.host.release([n.host_slab])
-        n.host_slab, n.host_state = -1, R.ABSENT
-        if n.device_state is R.ABSENT:
-            self.delete_subtree(n)
-        else:
-            self._node_changed(n)
-            if (owner := val.sole_retained_below(n)) is not None:
-                self.valuer.revalue(owner)  # its exclusive path lost host bytes
-        self.epoch += 1
-
-    def drop_snapshot_host(self, s: Snapshot) -> None:
-        """Free a snapshot's host copies (image and tail); its device copies stay (§9.3)."""
-        assert self.host is not None
-        if s.host_slabs:
-            self.host.release(s.host_slabs)
-        s.host_slabs, s.host_state = (), R.ABSENT
-        if s.tail_host_slab >= 0:
-            self.host.release([s.tail_host_slab])
-            s.tail_host_slab, s.tail_host_state = -1, R.ABSENT
-            self._tail_changed(s)
-        self.valuer.revalue(s)
-        self.epoch += 1
-
-    def delete_subtree(self, node: BlockNode) -> None:
-        """Losing the last copy (§9.4): the node, everything below it and their snapshots go."""
-        self.stats.subtree_deletions += 1
-        for x in list(self.tree.subtree_postorder(node)):
-            assert x.active_refs == 0 and x.restore_pins == 0, f"deleting pinned {x}"
-            for s in list(x.snapshots or ()):
-                self.delete_snapshot(s)
-            if x.device_state is not R.ABSENT:
-                self.lru.discard(x)
-                self._freed.append((x.device, BLOCK_TOKENS))
-                self.device_tokens -= BLOCK_TOKENS
-                x.device, x.device_state = None, R.ABSENT
-            if x.host_state is not R.ABSENT:
-                assert self.host is not None
-                self.host.release([x.host_slab])
-                x.host_slab, x.host_state = -1, R.ABSENT
-            self.dead.pop(x, None)
-            self.tree.remove_leaf(x)
-        self.epoch += 1
-
-    # ================================================================ device pressure (§9.1)
-    def evict_device(self, tokens: int, *, backed_only: bool = False) -> int:
-        """Free at least ``tokens`` device tokens from the LRU if it can; returns tokens freed.
-
-        ``backed_only`` never drops a last copy (a prefetch must not, §6.6).
-        """
-        start = self.device_tokens
-        while start - self.device_tokens < tokens:
-            if backed_only:
-                victim = next(iter(self.lru.backed), None)
-            else:
-                victim = self.lru.peek_victim()
-            if victim is None:
-                break
-            if isinstance(victim, BlockNode):
-                if victim.host_state is R.RESIDENT:
-                    self.stats.device_evicted_backed += 1
-                    self._drop_node_device(victim)
-                else:
-                    self.stats.device_evicted_unbacked += 1
-                    self.delete_subtree(victim)
-            else:
-                assert isinstance(victim, Snapshot)
-                if victim.tail_host_state is R.RESIDENT:
-                    self.stats.device_evicted_backed += 1
-                    self._drop_tail_device(victim)
-                else:
-                    self.stats.device_evicted_unbacked += 1
-                    self.delete_snapshot(victim)
-            self.epoch += 1
-        return start - self.device_tokens
+    def forget_node(self, n: BlockNode) -> None:
+        """The node leaves the tree (§9.4): its device copy is freed, it leaves both lists."""
+        if n.device_state is not R.ABSENT:
+            self.lru.discard(n)
+            self._freed.append((n.device, BLOCK_TOKENS))
+            self.device_tokens -= BLOCK_TOKENS
+            n.device, n.device_state = None, R.ABSENT
+        self.dead.pop(n, None)

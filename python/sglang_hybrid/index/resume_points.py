@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 from .keys import BLOCK_TOKENS, PromptKey
 from .match import match_prompt
-from .node import Residency
+from .node import FastResidency
 from .snapshot import Snapshot
 from .tree import BlockTree
 
@@ -48,7 +48,7 @@ def resume_points(tree: BlockTree, key: PromptKey) -> list[ResumePoint]:
     # One token more lets the walk admit F = n (match_prompt keeps F <= n - 1 for the prompt
     # itself, whose last token is always prefilled); its value never enters a comparison.
     m = match_prompt(tree, key.extend(b"\0\0\0\0"))
-    filling = Residency.FILLING
+    filling = FastResidency.FILLING
     out: list[ResumePoint] = []
     for j in range(len(m.path) + 1):
         anchor = m.path[j - 1] if j else tree.root

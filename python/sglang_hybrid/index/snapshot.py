@@ -14,7 +14,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from .node import BlockNode, Residency
+from .node import BlockNode, FastResidency, Residency
 
 
 class SnapshotKind(enum.IntEnum):
@@ -25,6 +25,7 @@ class SnapshotKind(enum.IntEnum):
 
 @dataclass(slots=True, eq=False)
 class Snapshot:
+    # Identity: set when published (``PrefixIndex.publish`` / ``adopt_snapshot``), never changed.
     id: int
     anchor: BlockNode  # last full block below the frontier (the root when F < 64)
     frontier: int
@@ -33,25 +34,37 @@ class Snapshot:
     # Why it was planned: a ``TapSource`` value (0: not planned, an endpoint, or unknown after a
     # restart); reported by the boundary query (``resume_points``), never used to decide.
     origin: int = 0
-    # Image copies. The device slot indexes the cache's D snapshot slots.
+    # Image copies. The device slot indexes the cache's D snapshot slots; only changed by
+    # ``PrefixIndex`` (publish, drop_image_device, delete_snapshot).
     device_slot: int = -1
     device_state: Residency = Residency.ABSENT
+    # Host copies of the image and the tail: only changed by ``HostTransfers`` (image writes)
+    # and ``PrefixIndex`` (drop_snapshot_host, delete_snapshot, adopt_snapshot).
     host_slabs: tuple[int, ...] = ()
     host_state: Residency = Residency.ABSENT
-    # Tail KV copies (only when tail is non-empty); tail_tokens is its device footprint in slots.
+    tail_host_slab: int = -1
+    tail_host_state: Residency = Residency.ABSENT
+    # Tail KV device copy (only when tail is non-empty), tail_device_tokens its footprint in
+    # slots: only changed by ``ResidencyTracker`` (attach_tail, drop_tail_device) and
+    # ``HostTransfers`` (a tail fill landing or failing).
     tail_device: object | None = None
     tail_device_state: Residency = Residency.ABSENT
     tail_device_tokens: int = 0
-    tail_host_slab: int = -1
-    tail_host_state: Residency = Residency.ABSENT
-    restore_pins: int = 0  # copies reading this snapshot (COW into a lane, restore, write)
-    durable: bool = False  # pinned by a client: exempt from host eviction (``durable.py``)
+    # Copies reading this snapshot (COW into a lane, restore, write); only changed by
+    # ``PrefixIndex.pin_snapshot`` / ``unpin_snapshot``.
+    restore_pins: int = 0
+    # Pinned by a client: exempt from host eviction; only changed by ``durable.set_durable``.
+    durable: bool = False
+    # Supersession (§9.3); only changed by ``PrefixIndex`` (supersede, and a hit retaining again).
     superseded: bool = False
     superseded_tick: int = 0
     # An endpoint of a request that resumed from an endpoint: the id of its prompt's last tap,
-    # superseded once the lineage moves on from here (see PrefixIndex._lineage); -1: none.
+    # superseded once the lineage moves on from here (``supersession.lineage``); -1: none. Only
+    # set by ``PrefixIndex.publish``.
     lineage_tap: int = -1
-    # GDSF (§9.3): H = l_at + (1 + hits + demand) * cost / size
+    # GDSF (§9.3): H = l_at + (1 + hits + demand) * cost / size. hits, demand, l_at and
+    # last_hit_tick are only changed by ``PrefixIndex`` (publish, a hit, adopt_snapshot); cost,
+    # size and h only by ``Valuer`` (revalue, recost).
     hits: int = 0
     demand: int = 0  # waiting requests known to resume here (§12.2): hits that have not come yet
     l_at: float = 0.0
@@ -59,7 +72,8 @@ class Snapshot:
     size: float = 0.0
     h: float = 0.0
     last_hit_tick: int = 0
-    # Nearest snapshot above on the path, and the snapshots that record this one as theirs.
+    # Nearest snapshot above on the path, and the snapshots that record this one as theirs;
+    # only changed by ``links`` (link, unlink).
     ancestor: Snapshot | None = None
     dependents: list[Snapshot] = field(default_factory=list)
 
@@ -73,19 +87,19 @@ class Snapshot:
 
     @property
     def image_on_device(self) -> bool:
-        return self.device_state is not Residency.ABSENT
+        return self.device_state is not FastResidency.ABSENT
 
     @property
     def image_on_host(self) -> bool:
-        return self.host_state is not Residency.ABSENT
+        return self.host_state is not FastResidency.ABSENT
 
     @property
     def tail_on_device(self) -> bool:
-        return self.tail_device_state is not Residency.ABSENT
+        return self.tail_device_state is not FastResidency.ABSENT
 
     @property
     def tail_on_host(self) -> bool:
-        return self.tail_host_state is not Residency.ABSENT
+        return self.tail_host_state is not FastResidency.ABSENT
 
     @property
     def complete_on_device(self) -> bool:

@@ -26,7 +26,7 @@ snapshot serves every prompt diverging after it, so a non-explicit candidate is 
 accepted tap, an existing snapshot on the path or the base lies at most 64 tokens before it; ladder
 candidates keep the minimum gap on both sides instead. The prompt tail is judged at its nominal
 position n - 1 (so an opener within 64 tokens of the end absorbs it, one split per chat request),
-then floored. At most ``max_new_taps`` are kept; the planner counts the taps that budget drops
+then floored. At most ``taps_per_request`` are kept; the planner counts the taps that budget drops
 (``over_budget``), its only state.
 
 Branch point (Marconi's admission rule): when a request's exact KV match reaches at least 64 tokens
@@ -80,16 +80,16 @@ class TapPlanner:
     def __init__(
         self,
         *,
-        max_new_taps: int,
+        taps_per_request: int,
         ladder_tokens: int,
         min_gap_tokens: int,
         exact_tails: bool = True,
     ) -> None:
-        self.max_new_taps = max_new_taps
+        self.taps_per_request = taps_per_request
         self.ladder_tokens = ladder_tokens
         self.min_gap_tokens = min_gap_tokens
         self.exact_tails = exact_tails
-        self.over_budget = 0  # taps dropped by max_new_taps, over the planner's life
+        self.over_budget = 0  # taps dropped by taps_per_request, over the planner's life
 
     def plan(
         self,
@@ -108,7 +108,7 @@ class TapPlanner:
         ``existing`` are frontiers of snapshots already on this prompt's path; ``branch_point`` is
         the end of the exact KV match (a multiple of 64) when it is known.
         """
-        if self.max_new_taps <= 0 or n - 1 <= base:
+        if self.taps_per_request <= 0 or n - 1 <= base:
             return []
 
         def snap(p: int, exact: bool = False) -> int | None:
@@ -167,7 +167,7 @@ class TapPlanner:
                 0 <= nominal - q <= reach for q in anchors
             ):
                 continue
-            if len(accepted) >= self.max_new_taps:
+            if len(accepted) >= self.taps_per_request:
                 self.over_budget += 1  # a tap the budget dropped (counted, issue #11)
                 continue
             accepted.append(tap)

@@ -1,8 +1,11 @@
 """Host copies in both directions (spec §6.5, §7.6, §9.3): write-through and restores.
 
-A mixin of :class:`~.prefix_index.PrefixIndex`. Writes reserve host slabs (evicting per §9.3, a
-snapshot image only when nothing worth more goes) and mark them Filling until the binding's copy
-completes; restores mark device destinations Filling and pin them until they land.
+:class:`HostTransfers` is a part of :class:`~.prefix_index.PrefixIndex` (``index.transfers``): the
+protocol a binding follows around each copy it makes. Writes reserve host slabs (evicting per
+§9.3, a snapshot image only when nothing worth more goes) and mark them Filling until the copy
+completes; restores mark device destinations Filling and pin them until they land. Only it marks
+copies Filling and changes nodes' ``restore_pins``; device copies are attached and dropped through
+the index's ``residency``, snapshots pinned through :meth:`~.prefix_index.PrefixIndex.pin_snapshot`.
 """
 
 from __future__ import annotations
@@ -10,48 +13,46 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from . import valuation as val
-from .keys import BLOCK_TOKENS
-from .node import BlockNode, Residency
+from .host_eviction import make_room
+from .node import BlockNode, FastResidency
 from .snapshot import Snapshot
 
 if TYPE_CHECKING:
-    from .host_slabs import HostSlabPool
     from .lane import Lane
-    from .prefix_index import IndexStats
+    from .prefix_index import PrefixIndex
 
-R = Residency
+R = FastResidency  # Residency, read faster (node.py)
 
 
 class HostTransfers:
-    # State owned by PrefixIndex (declared for readers and type checkers).
-    host: HostSlabPool | None
-    stats: IndexStats
-    device_tokens: int
-    epoch: int
-    _freed: list[tuple[object, int]]
+    def __init__(self, index: PrefixIndex) -> None:
+        self.index = index
 
+    # ================================================================ write-through (§7.6)
     def plan_writes(self, lane: Lane) -> list[tuple[BlockNode, int]]:
         """Host slabs for the lane's device-only blocks (write-through at release, §7.6).
 
         Marks them Filling on the host; the caller copies, then calls :meth:`complete_writes`.
         Blocks that find no room stay device-only (unbacked).
         """
-        if self.host is None or not lane.enabled:
+        ix = self.index
+        host = ix.host
+        if host is None or not lane.enabled:
             return []
-        from .host_eviction import make_room
-
         todo = [n for n in lane.path if n.host_state is R.ABSENT and n.device_state is R.RESIDENT]
-        if todo and make_room(self, len(todo)):  # the common case: room for all in one go
-            slabs = self.host.alloc(len(todo))
+        if todo and make_room(ix, len(todo)):  # the common case: room for all in one go
+            slabs = host.alloc(len(todo))
             assert slabs is not None
             for node, slab in zip(todo, slabs, strict=True):
                 node.host_slab, node.host_state = slab, R.FILLING
             return list(zip(todo, slabs, strict=True))
         out: list[tuple[BlockNode, int]] = []
         for node in todo:  # short of room: as many as eviction frees, root first
-            if not make_room(self, 1):
+            if not make_room(ix, 1):
                 break
-            slab = self.host.alloc(1)[0]  # type: ignore[index]
+            one = host.alloc(1)
+            assert one is not None  # make_room made room for it
+            slab = one[0]
             node.host_slab, node.host_state = slab, R.FILLING
             out.append((node, slab))
         return out
@@ -59,20 +60,23 @@ class HostTransfers:
     def abort_writes(self, planned: list[tuple[BlockNode, int]]) -> None:
         """The binding's copy of ``planned`` failed: the slabs go back, the blocks stay
         device-only (their device copies are intact)."""
-        assert self.host is not None
+        ix = self.index
+        assert ix.host is not None
         for node, slab in planned:
             assert node.host_state is R.FILLING and node.host_slab == slab, node
             node.host_slab, node.host_state = -1, R.ABSENT
-            self._node_changed(node)
-        self.host.release([slab for _, slab in planned])
-        self.epoch += 1
+            ix.residency.node_changed(node)
+        ix.host.release([slab for _, slab in planned])
+        ix.epoch += 1
 
     def complete_writes(self, written: list[tuple[BlockNode, int]]) -> None:
+        ix = self.index
         done = {id(n) for n, _ in written}
         owners: dict[int, Snapshot] = {}
+        changed = ix.residency.node_changed
         for node, _ in written:
             node.host_state = R.RESIDENT
-            self._node_changed(node)
+            changed(node)
         for node, _ in written:
             p = node.parent
             if node.retained_below == 1 and (
@@ -82,104 +86,103 @@ class HostTransfers:
                 if o is not None:
                     owners[o.id] = o
         for o in owners.values():
-            self.valuer.revalue(o)
-        self.epoch += 1
+            ix.valuer.revalue(o)
+        ix.epoch += 1
 
     def plan_image_write(self, s: Snapshot) -> tuple[tuple[int, ...], int] | None:
         """Host slabs for ``s``'s image (and tail): refused when GDSF would have to evict something
         worth more (§9.3); then ``s`` stays device-only. Returns (image slabs, tail slab or -1)."""
-        if self.host is None or s.host_state is not R.ABSENT:
+        ix = self.index
+        host = ix.host
+        if host is None or s.host_state is not R.ABSENT:
             return None
-        from .host_eviction import make_room
-
         want_tail = bool(s.tail) and s.tail_host_state is R.ABSENT
-        k = self.host.image_slabs + (1 if want_tail else 0)
-        self.pin_snapshot(s)  # the victim search must not pick the snapshot being written
-        ok = make_room(self, k, bound=s.h)
-        self.unpin_snapshot(s)
+        k = host.image_slabs + (1 if want_tail else 0)
+        ix.pin_snapshot(s)  # the victim search must not pick the snapshot being written
+        ok = make_room(ix, k, bound=s.h)
+        ix.unpin_snapshot(s)
         if not ok:
-            self.stats.image_writes_refused += 1
+            ix.stats.image_writes_refused += 1
             return None
-        slabs = self.host.alloc(k)
+        slabs = host.alloc(k)
         assert slabs is not None
         tail_slab = slabs.pop() if want_tail else -1
         s.host_slabs, s.host_state = tuple(slabs), R.FILLING
         if want_tail:
             s.tail_host_slab, s.tail_host_state = tail_slab, R.FILLING
-        self.pin_snapshot(s)
+        if ix.gdsf is not None:
+            ix.gdsf.push(s)  # a GDSF candidate from now on (evictable once written)
+        ix.pin_snapshot(s)
         return s.host_slabs, tail_slab
 
     def abort_image_write(self, s: Snapshot) -> None:
         """The image (or tail) copy failed: its slabs go back and ``s`` stays device-only."""
-        assert self.host is not None and s.host_state is R.FILLING, s
+        ix = self.index
+        assert ix.host is not None and s.host_state is R.FILLING, s
         slabs = list(s.host_slabs)
         if s.tail_host_state is R.FILLING:
             slabs.append(s.tail_host_slab)
             s.tail_host_slab, s.tail_host_state = -1, R.ABSENT
         s.host_slabs, s.host_state = (), R.ABSENT
-        self.host.release(slabs)
-        self.unpin_snapshot(s)
-        self.epoch += 1
+        ix.host.release(slabs)
+        ix.unpin_snapshot(s)
+        ix.epoch += 1
 
     def complete_image_write(self, s: Snapshot) -> None:
         s.host_state = R.RESIDENT
         if s.tail_host_state is R.FILLING:
             s.tail_host_state = R.RESIDENT
-        self.unpin_snapshot(s)
-        self.epoch += 1
+        self.index.unpin_snapshot(s)
+        self.index.epoch += 1
 
-    # Restores (host -> device) mark destinations Filling until they land (§6.5).
+    # ================================================================ restores (§6.5)
+    # Destinations are Filling until they land, and pinned meanwhile.
     def begin_node_fill(self, node: BlockNode, device: object) -> None:
         assert node.device_state is R.ABSENT and node.host_state is R.RESIDENT, node
-        node.device, node.device_state = device, R.FILLING
         node.restore_pins += 1
-        self.device_tokens += BLOCK_TOKENS
-        self._node_changed(node)
+        self.index.residency.attach_node(node, device, R.FILLING)
 
     def finish_node_fill(self, node: BlockNode) -> None:
         node.device_state = R.RESIDENT
         node.restore_pins -= 1
-        self._node_changed(node)
-        self.epoch += 1
+        self.index.residency.node_changed(node)
+        self.index.epoch += 1
 
     def abort_node_fill(self, node: BlockNode) -> None:
         """A restore into ``node`` failed: its destination pages go back (queued for the
         binding) and the node is host-only again."""
         assert node.device_state is R.FILLING, node
         node.restore_pins -= 1
-        self._freed.append((node.device, BLOCK_TOKENS))
-        self.device_tokens -= BLOCK_TOKENS
-        node.device, node.device_state = None, R.ABSENT
-        self._node_changed(node)
-        self.epoch += 1
+        self.index.residency.drop_node_device(node)
+        self.index.epoch += 1
 
     def pin_for_prefetch(self, nodes: list[BlockNode]) -> None:
         """Keep ``nodes`` (a blocked head's path) out of eviction while its prefetch runs."""
+        changed = self.index.residency.node_changed
         for n in nodes:
             n.restore_pins += 1
-            self._node_changed(n)
+            changed(n)
 
     def unpin_for_prefetch(self, nodes: list[BlockNode]) -> None:
+        changed = self.index.residency.node_changed
         for n in nodes:
             n.restore_pins -= 1
             assert n.restore_pins >= 0, n
-            self._node_changed(n)
+            changed(n)
 
     def begin_tail_fill(self, s: Snapshot, device: object, tokens: int) -> None:
         assert s.tail_device_state is R.ABSENT and s.tail_host_state is R.RESIDENT, s
-        s.tail_device, s.tail_device_state, s.tail_device_tokens = device, R.FILLING, tokens
-        self.device_tokens += tokens
-        self.pin_snapshot(s)
+        self.index.residency.attach_tail(s, device, tokens, R.FILLING)
+        self.index.pin_snapshot(s)
 
     def finish_tail_fill(self, s: Snapshot) -> None:
         s.tail_device_state = R.RESIDENT
-        self.unpin_snapshot(s)
-        self.epoch += 1
+        self.index.unpin_snapshot(s)
+        self.index.epoch += 1
 
     def abort_tail_fill(self, s: Snapshot) -> None:
         assert s.tail_device_state is R.FILLING, s
-        self._freed.append((s.tail_device, s.tail_device_tokens))
-        self.device_tokens -= s.tail_device_tokens
-        s.tail_device, s.tail_device_state, s.tail_device_tokens = None, R.ABSENT, 0
-        self.unpin_snapshot(s)
-        self.epoch += 1
+        self.index.residency.drop_tail_device(s)
+        s.tail_device_tokens = 0  # as before the fill: admission sizes a restore by the tail
+        self.index.unpin_snapshot(s)
+        self.index.epoch += 1

@@ -69,7 +69,9 @@ class BlockTree:
                 parent.children[node.lookup_hash] = node.hash_next
         else:
             while head.hash_next is not node:
-                head = head.hash_next  # type: ignore[assignment]
+                nxt = head.hash_next
+                assert nxt is not None  # node is on this hash chain
+                head = nxt
             head.hash_next = node.hash_next
         node.hash_next = None
         parent.n_children -= 1

@@ -20,8 +20,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from .cost import CostModel
+from .gdsf_queue import GdsfQueue
 from .keys import BLOCK_TOKENS
-from .node import BlockNode, Residency
+from .node import BlockNode, FastResidency
 from .snapshot import Snapshot
 
 
@@ -41,7 +42,7 @@ def is_above(s: Snapshot, d: Snapshot) -> bool:
     if a.depth < sd:
         return False
     while a.depth > sd + 1:
-        a = a.parent  # type: ignore[assignment]
+        a = a.parent  # type: ignore[assignment]  # deeper than sd + 1 >= 1: not the root
     return a.parent is s.anchor and tail_prefix_of(s, a.tokens)
 
 
@@ -60,7 +61,7 @@ def find_ancestor(s: Snapshot) -> Snapshot | None:
     if best is not None:
         return best
     child = node
-    node = node.parent  # type: ignore[assignment]
+    node = node.parent  # type: ignore[assignment]  # the walk up ends at the root's None
     while node is not None:
         if node.snapshots:
             for t in node.snapshots:
@@ -68,7 +69,7 @@ def find_ancestor(s: Snapshot) -> Snapshot | None:
                     best = t
             if best is not None:
                 return best
-        child, node = node, node.parent  # type: ignore[assignment]
+        child, node = node, node.parent  # type: ignore[assignment]  # as above
     return None
 
 
@@ -132,7 +133,7 @@ def exclusive_path_bytes(s: Snapshot, slab_bytes: int) -> int:
     if s.superseded:
         return 0
     total = 0
-    resident = Residency.RESIDENT  # read once: an Enum member lookup is slow (node.py)
+    resident = FastResidency.RESIDENT
     node: BlockNode | None = s.anchor
     while node is not None and not node.is_root and node.retained_below == 1:
         if node.host_state is resident:
@@ -161,10 +162,17 @@ def sole_retained_below(node: BlockNode) -> Snapshot | None:
 
 
 class Valuer:
-    """Computes C, Z and H for snapshots with one cost model and one geometry."""
+    """Computes C, Z and H for snapshots with one cost model and one geometry; the only writer
+    of ``Snapshot.h``, so it tells the GDSF queue (``queue``, with a host tier) of every new H."""
 
     def __init__(
-        self, cost: CostModel, image_bytes: int, slab_bytes: int, *, host: bool = True
+        self,
+        cost: CostModel,
+        image_bytes: int,
+        slab_bytes: int,
+        *,
+        host: bool = True,
+        queue: GdsfQueue | None = None,
     ) -> None:
         self.cost = cost
         self.image_bytes = image_bytes
@@ -173,6 +181,7 @@ class Valuer:
         # Without a host tier no node is host-resident, so every exclusive path holds 0 bytes:
         # skip that O(path) walk, run on every revaluation.
         self.host = host
+        self.queue = queue
 
     # The spec's three formulas, each written once (§9.3); the float operations and their order
     # are what every caller computed before, so values are bit-identical.
@@ -199,12 +208,16 @@ class Valuer:
 
     def revalue(self, s: Snapshot) -> None:
         s.cost, s.size, s.h = self.values(s)
+        if self.queue is not None:
+            self.queue.push(s)
 
     def recost(self, s: Snapshot) -> None:
         """Only C (and H) changed: its nearest retained ancestor moved or it was hit."""
         a = nearest_retained_above(s)
         s.cost = self._c(a.frontier if a is not None else 0, s.frontier)
         s.h = self._h(s.l_at, s.hits + s.demand, s.cost, s.size)
+        if self.queue is not None:
+            self.queue.push(s)
 
     def estimate(
         self, l_now: float, base: int, frontier: int, has_tail: bool, demand: int = 0

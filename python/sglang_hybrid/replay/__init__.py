@@ -11,6 +11,7 @@ Modules, one concept each: ``tokens`` (ids in the tiny vocabulary), ``trace`` (r
 ``caches`` (the compared configurations), ``clock`` (virtual time per pass), ``worker`` (scripted
 answers, per-request counts), ``oracle_store`` / ``oracle_cache`` (the oracle), ``driver`` (the
 replay loop), ``results``, ``report``, ``warmup`` (unrelated traffic that pre-fills the pools),
-``steady`` (flushed against pre-filled runs), ``live`` (a running server), ``progress``,
-``cli``. Importing this package imports neither torch nor sglang.
+``steady`` (flushed against pre-filled runs), ``live`` (a running server), ``chat_session``
+(the demo's agent chat session), ``progress``, ``cli``. Importing this package imports neither
+torch nor sglang.
 """

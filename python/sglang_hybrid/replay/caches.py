@@ -40,11 +40,14 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sglang_hybrid.index.presets import Geometry
 
 from .budget import PoolPlan
+
+if TYPE_CHECKING:
+    from sglang_hybrid.sglang.flags import TailTap, TapMode
 
 BLOCK = 64
 
@@ -96,10 +99,10 @@ def cache_environment(cache: str) -> Iterator[None]:
         if cache == "extra_buffer":
             _open_extra_buffer_gate()
             if not torch.cuda.is_available():
-                torch.Tensor.pin_memory = lambda self, *a, **k: self  # type: ignore[method-assign]
+                torch.Tensor.pin_memory = lambda self, *a, **k: self  # type: ignore[method-assign]  # patched, restored below
         yield
     finally:
-        torch.Tensor.pin_memory = pin  # type: ignore[method-assign]
+        torch.Tensor.pin_memory = pin  # type: ignore[method-assign]  # the restore
         if old_env is None:
             os.environ.pop(_LONG_CONTEXT_ENV, None)
         else:
@@ -118,9 +121,9 @@ def scheduler_kwargs(
     chunk: int,
     max_prefill_tokens: int,
     context_length: int,
-    tail_tap: str = "exact",
+    tail_tap: TailTap = "exact",
     coalesce: bool = True,
-    tap_mode: str = "split",
+    tap_mode: TapMode = "split",
     taps_per_request: int | None = None,
     tap_ladder: int | None = None,
     tap_min_gap: int | None = None,
@@ -147,9 +150,9 @@ def scheduler_kwargs(
         opts = HybridOptions(
             host_cache_mib=host_mib,
             device_snapshot_slots=plan.snapshot_slots,
-            tail_tap=tail_tap,  # type: ignore[arg-type]
+            tail_tap=tail_tap,
             coalesce=coalesce,
-            tap_mode=tap_mode,  # type: ignore[arg-type]
+            tap_mode=tap_mode,
             taps_per_request=taps_per_request,
             tap_ladder=tap_ladder,
             tap_min_gap=tap_min_gap,
@@ -190,12 +193,12 @@ def host_cache_mib(host_bytes: int, geometry: Geometry, tiny_token_bytes: int) -
 def host_bytes_restored(tree_cache: Any, geometry: Geometry) -> int:
     """Host-to-device bytes the cache restored so far, in the modelled geometry's bytes.
 
-    Reads the hybrid backend's host tier (``tree_cache.host``: ``restored_bytes``,
+    Reads the hybrid backend's host tier (``tree_cache.host_tier``: ``restored_bytes``,
     ``restored_blocks``; ``block_bytes`` / ``image_bytes`` of its CPU layout): blocks convert by
     the KV block size, the rest (state images, and the small snapshot tails) by the image size.
     0 for caches without a host tier.
     """
-    host = getattr(tree_cache, "host", None)
+    host = getattr(tree_cache, "host_tier", None)
     if host is None:
         return 0
     moved = int(getattr(host, "restored_bytes", 0))

@@ -27,10 +27,14 @@ import platform
 import shlex
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from .budget import CACHES, DEFAULT_MAMBA_RATIO, GIB
 from .trace import Trace, first
 from .warmup import FILL_FACTOR, SLOT_FACTOR
+
+if TYPE_CHECKING:  # the CLI imports the driver (torch, SGLang) only when it runs a replay
+    from .driver import ReplaySettings
 
 PROG = "sglang-hybrid replay"
 
@@ -212,7 +216,7 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     bar.add_argument("--no-progress", dest="progress", action="store_false")
 
 
-def _settings(args: argparse.Namespace, budget_gib: float) -> object:
+def _settings(args: argparse.Namespace, budget_gib: float) -> ReplaySettings:
     from .driver import ReplaySettings
 
     return ReplaySettings(
@@ -278,7 +282,7 @@ def cmd_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
         point = SweepPoint(b, args.host_gib, {})
         sweep.append(point)
         for c in caches:
-            point.results[c] = replay(trace, c, settings, warmup)  # type: ignore[arg-type]
+            point.results[c] = replay(trace, c, settings, warmup)
             if args.out:  # after every run: a long sweep that fails later keeps what it did
                 write_report(sweep, args.out, meta)
     if args.out:
@@ -287,7 +291,7 @@ def cmd_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     return 0
 
 
-def _warmup(args: argparse.Namespace, trace: Trace, settings: object) -> Trace | None:
+def _warmup(args: argparse.Namespace, trace: Trace, settings: ReplaySettings) -> Trace | None:
     """The same unrelated warm-up for every cache of a budget point (or None)."""
     from .warmup import pool_warmup, unrelated_warmup
 
@@ -296,7 +300,7 @@ def _warmup(args: argparse.Namespace, trace: Trace, settings: object) -> Trace |
 
         # SGLang's caches get the largest device pools of a budget (host bytes go to their
         # device); the warm-up that fills them fills hybrid's too.
-        return pool_warmup(trace, plan_for("no_buffer", settings), seed=args.seed)  # type: ignore[arg-type]
+        return pool_warmup(trace, plan_for("no_buffer", settings), seed=args.seed)
     if args.warmup_unrelated > 0:
         return unrelated_warmup(trace, requests=args.warmup_unrelated, seed=args.seed)
     return None
@@ -347,7 +351,7 @@ def cmd_live(args: argparse.Namespace, argv: Sequence[str]) -> int:
     if args.trace == "demo-session":
         if warm:
             raise SystemExit("a warm-up needs a token-id trace, not demo-session")
-        from sglang_hybrid.demo.session import agent_session
+        from .chat_session import agent_session
 
         reqs = agent_session(max_tokens=args.max_tokens, model=args.model)
     else:

@@ -59,6 +59,7 @@ from .worker import ChunkGridReplayWorker, ReplayWorker
 if TYPE_CHECKING:
     from sglang_hybrid.cpu.loop import InProcessScheduler
     from sglang_hybrid.cpu.token_worker import BatchWork
+    from sglang_hybrid.sglang.flags import TailTap, TapMode
 
 # Scheduler iterations in a row that may run nothing while requests wait, before we call the
 # loop stuck (SGLang can spend a few iterations retracting or waiting on a chunked request).
@@ -76,7 +77,7 @@ class ReplaySettings:
     max_prefill_tokens: int = 16384
     mamba_ratio: float = DEFAULT_MAMBA_RATIO
     snapshot_slots: int | None = None
-    tail_tap: str = "exact"
+    tail_tap: TailTap = "exact"
     taps_per_request: int | None = None  # hybrid's --hybrid-taps-per-request (None: default)
     tap_ladder: int | None = None  # hybrid's --hybrid-tap-ladder
     tap_min_gap: int | None = None  # hybrid's --hybrid-tap-min-gap
@@ -84,7 +85,7 @@ class ReplaySettings:
     coalesce: bool = True  # the hybrid backend's in-flight prefix coalescing (spec §12.2)
     # Split by default: what a GPU server gets today (SGLang's GPU worker captures no state
     # inside a pass); zero-split models the in-pass capture the CPU workers already offer.
-    tap_mode: str = "split"
+    tap_mode: TapMode = "split"
     capture_grid: str = "any"  # zero-split: "any" position (CPU workers) or "chunk" (GPU hook)
     overlap: bool = False  # SGLang's overlap loop, for every cache that supports it (--overlap)
     model_dir: str | None = None  # the tiny model; written once under the cache dir if unset
@@ -232,7 +233,7 @@ class _Run:
         r = self.by_rid[rid]
         answer = output_tokens(r)
         self.worker.scripts[rid] = answer
-        attrs: dict[str, object] = {}
+        attrs: dict[str, Any] = {}
         if r.hint_positions:
             attrs["kv_hints"] = make_envelope(list(r.hint_positions), list(r.hint_kinds))
         if self.oracle is not None:
@@ -407,7 +408,7 @@ class _Run:
         before = self.result.warmup.get("cache_stats", {})
         assert isinstance(before, dict)
         self.result.cache_stats = {k: v - int(before.get(k, 0)) for k, v in stats.items()}
-        if self.plan.host_bytes and getattr(self.sched.tree_cache, "host", None) is None:
+        if self.plan.host_bytes and getattr(self.sched.tree_cache, "host_tier", None) is None:
             self.result.notes.append(
                 "host bytes were requested but the hybrid backend ran device-only"
             )
@@ -421,7 +422,7 @@ def cache_stats(tree_cache: Any) -> dict[str, int]:
         return {k: int(v) for k, v in stats().items()}
     index = getattr(tree_cache, "index", None)
     if index is not None and dataclasses.is_dataclass(index.stats):
-        return {k: int(v) for k, v in dataclasses.asdict(index.stats).items()}
+        return {k: int(v) for k, v in dataclasses.asdict(index.stats).items()}  # type: ignore[arg-type]  # is_dataclass admits a class; stats is an instance
     return {}
 
 
@@ -432,7 +433,7 @@ def pool_fill(sched: InProcessScheduler, plan: PoolPlan) -> dict[str, int]:
     tree = sched.tree_cache
     out = {
         "kv_tokens": plan.kv_tokens,
-        "kv_used": plan.kv_tokens - int(s.token_to_kv_pool_allocator.available_size()),
+        "kv_used": plan.kv_tokens - int(s.token_to_kv_pool_allocator.available_size()),  # type: ignore[attr-defined]  # SGLang's pool-setup result types it object
         "kv_evictable": int(tree.evictable_size()),
         "state_slots": plan.state_slots,
     }

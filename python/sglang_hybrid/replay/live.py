@@ -21,6 +21,14 @@ Contract:
   ``flush_cache(url)`` empties the server's prefix cache (SGLang's ``/flush_cache``; it refuses
   while requests run); ``server_pools(url)`` reads the KV tokens and state slots the server was
   started with (``/server_info``), which ``--prefill-pool`` sizes its unrelated warm-up from.
+
+Why the streams are read here and not through the ``openai`` client: most of the traffic is
+SGLang's native ``/generate`` (token ids in, ``meta_info`` with ``cached_tokens`` and
+``output_ids`` out), which is no OpenAI API, so its ``data:`` lines need this reader anyway. Chat
+through ``openai`` would add a second HTTP stack (httpx) beside aiohttp with its own retries,
+timeouts and connection pool, so the two kinds would no longer be timed by the same client;
+``route`` hooks get the aiohttp session; and SGLang's extensions (``ignore_eos``, ``rid``,
+``reasoning_content``) would travel as untyped extras. The reader is ten lines (``_stream_lines``).
 """
 
 from __future__ import annotations

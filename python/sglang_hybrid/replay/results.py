@@ -18,8 +18,11 @@ Contract:
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
+
+import numpy as np
 
 from .budget import PoolPlan
 
@@ -69,13 +72,12 @@ class CacheSummary(NamedTuple):
         return self.reused_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
 
-def percentile(values: list[float], q: float) -> float:
+def percentile(values: Sequence[float], q: float) -> float:
     """Nearest-rank percentile (``q`` in [0, 100]); NaN for no values."""
     if not values:
         return math.nan
-    s = sorted(values)
-    k = max(1, math.ceil(q / 100 * len(s)))
-    return s[k - 1]
+    # inverted_cdf is nearest rank: the smallest value with at least q% of values at or below it.
+    return float(np.percentile(values, q, method="inverted_cdf"))
 
 
 def summarize(cache: str, records: list[RequestRecord], host_bytes: int) -> CacheSummary:

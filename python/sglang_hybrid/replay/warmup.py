@@ -117,8 +117,3 @@ def without_hints(trace: Trace) -> Trace:
     """``trace`` without tap hints: what a server sees from token-id (``/generate``) clients."""
     reqs = [dataclasses.replace(r, hint_positions=(), hint_kinds=()) for r in trace.requests]
     return Trace(f"{trace.name}-nohints", reqs, f"{trace.source} [hints dropped]")
-
-
-def kv_tokens_of(trace: Trace) -> int:
-    """Prompt plus output tokens of every request (what it leaves in a KV pool at most)."""
-    return int(sum(r.n + r.output_len for r in trace.requests))

@@ -14,7 +14,7 @@ Methods:
   "extra_key": str | None, "cache_salt": str | None}``: the resume points on the prompt's path
   and, for ``cut``, where the cut lands (``index.resume_points``). Read-only.
 - ``hybrid.slots`` ``{"limit": int, "rid": str | None}``: llama.cpp's slots, here the sequences
-  the cache saw finish most recently (``Recent``), each with the resume points on its path.
+  the cache saw finish most recently (``recent.Recent``), each with the resume points on its path.
 - ``hybrid.pin`` / ``hybrid.unpin`` ``{"input_ids": [...], ...}``: make the snapshot at the
   prompt's end durable in the host tier, or release it (``index/durable.py``).
 
@@ -57,35 +57,6 @@ _ORIGIN = {
 
 class QueryError(ValueError):
     """A request the cache cannot answer; its message goes back to the client."""
-
-
-class Recent:
-    """The keys of the sequences released most recently (prompt and output), newest last: what
-    ``GET /slots`` shows as slots. Bounded in entries and in tokens (a key holds 4 B a token);
-    a retry or the next turn of the same request id replaces its entry."""
-
-    def __init__(self, entries: int = 64, tokens: int = 1 << 22) -> None:
-        self.entries = entries
-        self.tokens = tokens
-        self._keys: dict[str, PromptKey] = {}  # insertion order: oldest first
-        self._held = 0
-
-    def add(self, rid: str, key: PromptKey) -> None:
-        old = self._keys.pop(rid, None)
-        if old is not None:
-            self._held -= old.n
-        self._keys[rid] = key
-        self._held += key.n
-        while len(self._keys) > self.entries or (self._held > self.tokens and len(self._keys) > 1):
-            first = next(iter(self._keys))
-            self._held -= self._keys.pop(first).n
-
-    def newest(self, limit: int) -> list[tuple[str, PromptKey]]:
-        items = list(self._keys.items())
-        return items[::-1][: max(0, limit)]
-
-    def get(self, rid: str) -> PromptKey | None:
-        return self._keys.get(rid)
 
 
 def around_dumper_control(orig: Any, scheduler: Any, recv_req: Any, *args: Any, **kw: Any) -> Any:

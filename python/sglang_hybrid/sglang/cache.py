@@ -16,9 +16,11 @@ The index decides; SGLang's pools hold the bytes. How SGLang's calls map onto th
   copy of the live state into a snapshot slot, §7.4); at finish the endpoint (§7.7) takes the
   request's state slot itself (no copy; the snapshot slot it displaced goes back to SGLang) and the
   partial last block's pages as its tail.
-- The checkpoint path (commits, taps, endpoints, the cancel hook) is the ``Publisher`` mixin
-  (``publish.py``); host restores through SGLang's load-back and the per-iteration poll of the
-  host tier's copies are the ``LoadBack`` mixin (``load_back.py``).
+- Its parts are composed: the checkpoint path (commits, taps, endpoints, the cancel hook, and the
+  taps a request plans at its match) is ``publisher`` (``publish.py``); host restores through
+  SGLang's load-back, the prefetch and the per-iteration poll of the host tier's copies are
+  ``load_back`` (``load_back.py``); the host tier's copies themselves are ``host_tier``
+  (``host_tier.py``). SGLang's method names stay on this class and delegate to them.
 - Snapshot slots are D extra ``MambaPool`` slots this cache holds from construction; SGLang sees
   them in ``mamba_protected_size`` so its idle identity holds.
 """
@@ -27,73 +29,77 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from sglang.srt.mem_cache.base_prefix_cache import (
     BasePrefixCache,
+    CacheRequestHandle,
     DecLockRefParams,
     DecLockRefResult,
     EvictParams,
     EvictResult,
     IncLockRefResult,
+    InitLoadBackParams,
     MatchPrefixParams,
     MatchResult,
     TreeLock,
 )
 
-from ..index import (
-    BLOCK_TOKENS,
-    CacheConfig,
-    CostModel,
-    Match,
-    PrefixIndex,
-    PromptKey,
-    Snapshot,
-    TapSource,
-)
+from ..index import BLOCK_TOKENS, CacheConfig, CostModel, Lane, Match, PrefixIndex, Snapshot
 from ..index.admission import cheapest
 from ..store.device import DevicePools, handle_to_slots, handles_to_slots
 from ..store.layout import build_layout
-from .boundaries import Recent
 from .coalesce import Coalescer
 from .flags import HybridOptions
-from .hints import tap_hints
 from .host_tier import HostTier
 from .load_back import LoadBack
 from .metrics import CacheMetrics
-from .pages import alloc_evicting, ceil_to
+from .pages import alloc_evicting, ceil_to, free_dropped
 from .publish import Publisher
 from .ranks import RankCheck
+from .recent import Recent
 from .request import ATTR, MatchHandle, ReqState, key_for, namespace_of
 from .skips import Skips
+
+if TYPE_CHECKING:
+    from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
+    from sglang.srt.managers.schedule_policy import PrefillAdder
+    from sglang.srt.managers.scheduler import Scheduler
+    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 
 logger = logging.getLogger(__name__)
 
 
-class HybridRadixCache(LoadBack, Publisher, BasePrefixCache):
+class HybridRadixCache(BasePrefixCache):
+    # The scheduler bind_scheduler last saw (set by plugin._before_next_batch; unset before)
+    _bound_to: Any
+
     def __init__(
         self,
-        params: Any,
+        params: CacheInitParams,
         *,
         config: CacheConfig,
         options: HybridOptions,
         cost: CostModel | None = None,
         capture_grid: int | None = None,
     ) -> None:
-        self.req_to_token_pool = params.req_to_token_pool
+        # SGLang types it as the plain ReqToTokenPool; a hybrid model's (HybridReqToTokenPool)
+        # also has the mamba_pool and mamba_allocator read here
+        r2t: Any = params.req_to_token_pool
+        self.req_to_token_pool = r2t
         self.token_to_kv_pool_allocator = params.token_to_kv_pool_allocator
         self.page_size = params.page_size
         self.disable = bool(params.disable)
         self.config = config
         self.options = options
-        self.mamba_allocator = self.req_to_token_pool.mamba_allocator
+        self.mamba_allocator = r2t.mamba_allocator
         kv_pool = self.token_to_kv_pool_allocator.get_kvcache()
         # Every tensor handed to SGLang's pools and allocators is made on this device (the KV
         # pool's and the MambaPool's); "cpu" strings in this package only name host metadata.
         self.device = torch.device(kv_pool.device)
-        self.pools = DevicePools(kv_pool, self.req_to_token_pool.mamba_pool, self.device)
-        cache = self.req_to_token_pool.mamba_pool.mamba_cache
+        self.pools = DevicePools(kv_pool, r2t.mamba_pool, self.device)
+        cache = r2t.mamba_pool.mamba_cache
         self._state_tensors = [*cache.conv, cache.temporal]
         self.layout = build_layout(self.pools.kv_buffers, self._state_tensors)
         self.image_bytes = self.layout.image_bytes
@@ -101,8 +107,12 @@ class HybridRadixCache(LoadBack, Publisher, BasePrefixCache):
         self.slab_bytes = self.layout.slab_bytes
         self.cost = cost or CostModel()
         self.root_node = MatchHandle(None, None, 0)
-        self._slot_ids: list[int] = []  # index snapshot slot -> MambaPool slot id
-        self.host: HostTier | None = None
+        # Index snapshot slot -> MambaPool slot id; only changed by _reserve_slots, reset and
+        # swap_state_slot.
+        self._slot_ids: list[int] = []
+        # The host tier's copies (``host_tier.py``), with ``--hybrid-host-cache-mib``; the index's
+        # own ``host`` is the slab pool they copy into.
+        self.host_tier: HostTier | None = None
         self.skips = Skips()
         self.rank_check: RankCheck | None = None  # --hybrid-check-ranks (set by the factory)
         # zero-split: taps on each pass's grid of this many tokens (from where the request's
@@ -112,15 +122,15 @@ class HybridRadixCache(LoadBack, Publisher, BasePrefixCache):
         if capture_grid is None:
             capture_grid = 1 if options.tap_mode == "zero-split" else 0
         self.capture_grid = capture_grid
-        self.taps_in_pass = 0
         # Overlap scheduling (SGLang's event_loop_overlap): set from the scheduler before its
         # first pass (``bind_scheduler``).
         self.overlap = False
         self.coalescer = Coalescer(self) if options.coalesce and not self.disable else None
         self.recent = Recent()  # the sequences released last, for GET /slots
-        self.pass_adder: Any = None  # the admission pass's PrefillAdder (note_adder)
         self._tp_group = getattr(params, "tp_cache_group", None)  # the host tier's MIN poll
-        self._free_next_poll: list[torch.Tensor] = []  # restore staging slots (MambaPool)
+        # Parts: what a pass's end publishes, and restores through SGLang's load-back.
+        self.publisher = Publisher(self)
+        self.load_back = LoadBack(self)
         self.index = self._new_index()
         self._reserve_slots(strict=True)
         self.metrics: CacheMetrics | None = None  # --enable-metrics (metrics.py)
@@ -134,10 +144,10 @@ class HybridRadixCache(LoadBack, Publisher, BasePrefixCache):
             self.config, image_bytes=self.image_bytes, slab_bytes=self.slab_bytes, cost=self.cost
         )
         if self.config.has_host and not self.disable:
-            if self.host is not None:
-                self.host.rebind(index)  # a reset keeps the allocation, drops the contents
+            if self.host_tier is not None:
+                self.host_tier.rebind(index)  # a reset keeps the allocation, drops the contents
             else:
-                self.host = HostTier(
+                self.host_tier = HostTier(
                     index,
                     self.layout,
                     self.pools,
@@ -162,7 +172,7 @@ class HybridRadixCache(LoadBack, Publisher, BasePrefixCache):
         )
         return [(kind, i) for _, kind, i in order]
 
-    def bind_scheduler(self, scheduler: Any) -> None:
+    def bind_scheduler(self, scheduler: Scheduler) -> None:
         """Once, before the scheduler's first pass. Under overlap scheduling the next batch is
         scheduled while this one runs: pass ends are captured as part of the pass (``publish``),
         and on CUDA every copy the cache makes inside SGLang's pools, and every host copy, is
@@ -173,13 +183,13 @@ class HybridRadixCache(LoadBack, Publisher, BasePrefixCache):
         stream = getattr(scheduler, "forward_stream", None) if self.overlap else None
         if stream is not None and self.device.type == "cuda":
             self.pools.stream = stream
-            if self.host is not None:
-                self.host.order_after(stream)
+            if self.host_tier is not None:
+                self.host_tier.order_after(stream)
 
-    def note_adder(self, adder: Any | None) -> None:
+    def note_adder(self, adder: PrefillAdder | None) -> None:
         """The admission pass in progress (its remaining budget bounds an asynchronous
         restore, ``LoadBack.init_load_back``); set as each candidate is selected."""
-        self.pass_adder = adder
+        self.load_back.note_adder(adder)
 
     # ================================================================ snapshot slots
     def _reserve_slots(self, *, strict: bool = False) -> bool:
@@ -211,6 +221,17 @@ class HybridRadixCache(LoadBack, Publisher, BasePrefixCache):
     def slot_id(self, slot: int) -> int:
         return self._slot_ids[slot]
 
+    @property
+    def slots_reserved(self) -> bool:
+        """The snapshot slots are held (false after a flush until reserved again)."""
+        return bool(self._slot_ids)
+
+    def swap_state_slot(self, slot: int, state_slot: int) -> None:
+        """Snapshot slot ``slot`` becomes MambaPool slot ``state_slot`` (an endpoint takes its
+        request's state slot, §7.7); the slot it displaced goes back to SGLang."""
+        old, self._slot_ids[slot] = self._slot_ids[slot], state_slot
+        self.mamba_allocator.free(torch.tensor([old], dtype=torch.int64, device=self.device))
+
     # ================================================================ SGLang contract: sizes
     def supports_mamba(self) -> bool:
         return True
@@ -235,10 +256,7 @@ class HybridRadixCache(LoadBack, Publisher, BasePrefixCache):
 
     def mamba_protected_size(self) -> int:
         # The snapshot slots, and the staging slots of asynchronous restores.
-        staged = 0
-        if self.host is not None and self.host.restores:
-            staged = sum(p.staging is not None for p in self.host.restores.values())
-        return len(self._slot_ids) + staged + len(self._free_next_poll)
+        return len(self._slot_ids) + self.load_back.staged_slots()
 
     def total_size(self) -> tuple[int, int]:
         return self.index.device_tokens, len(self._slot_ids)
@@ -281,8 +299,8 @@ class HybridRadixCache(LoadBack, Publisher, BasePrefixCache):
             )
             setattr(req, ATTR, state)
         pkey = key_for(state, tokens, n, namespace_of(key))
-        if state is not None and state.restore is not None:
-            ready = self._restored_match(req, state, pkey, cow=bool(params.cow_mamba))
+        if req is not None and state is not None and state.restore is not None:  # (state: req's)
+            ready = self.load_back.restored_match(req, state, pkey, cow=bool(params.cow_mamba))
             if ready is not None:
                 return ready
         m = self.index.match(pkey)
@@ -301,7 +319,7 @@ class HybridRadixCache(LoadBack, Publisher, BasePrefixCache):
         # the MRU end, which is the hit's recency; a probe that is not admitted is not a hit.
         if params.cow_mamba and req is not None and state is not None:
             state.best_frontier = m.best.frontier if m.best is not None else 0
-            self._plan(req, state, pkey, m, best.source)
+            self.publisher.plan(req, state, pkey, m, best.source)
         kv = m.kv_tokens
         return MatchResult(
             device_prefix_len=f,
@@ -321,7 +339,7 @@ class HybridRadixCache(LoadBack, Publisher, BasePrefixCache):
         SGLang's admission budget (the restore's pages are part of the request's prefill there).
         """
         dev = m.best_device
-        if self.host is None or m.best is None or m.best is dev:
+        if self.host_tier is None or m.best is None or m.best is dev:
             return dev, None
         c = cheapest(self.index, m, request_tokens=m.n)
         return dev, (c.snapshot if c.snapshot is m.best else None)
@@ -335,7 +353,7 @@ class HybridRadixCache(LoadBack, Publisher, BasePrefixCache):
             cache_protected_len=0,
         )
 
-    def _prepare_state_slot(self, req: Any, source: Snapshot | None) -> bool:
+    def _prepare_state_slot(self, req: Req, source: Snapshot | None) -> bool:
         """SGLang's deferred copy-on-write: the lane's slot gets the device source's state (a
         host source's image is restored into the same slot by ``init_load_back`` instead).
         False: no MambaPool slot to resume into (the caller resumes from the root; SGLang's
@@ -357,55 +375,26 @@ class HybridRadixCache(LoadBack, Publisher, BasePrefixCache):
         )
         return True
 
-    def _plan(
-        self, req: Any, state: ReqState, key: PromptKey, m: Match, source: Snapshot | None
-    ) -> None:
-        n = state.n_prompt
-        if not state.enabled or n < 2:
-            state.cuts, state.flexible = [], []
-            return
-        pkey = key.prefix(n) if key.n > n else key
-        planner = self.index.planner
-        dropped = planner.over_budget
-        taps = self.index.plan_taps(pkey, m, source, tap_hints(req, n), n=n)
-        if planner.over_budget > dropped:
-            self.skips.note("tap_over_budget", req.rid, count=planner.over_budget - dropped)
-        exact_tail = self.options.tail_tap == "exact"
-        state.cuts = [
-            t.position for t in taps if t.exact or (exact_tail and t.source is TapSource.TAIL)
-        ]
-        state.flexible = [t.position for t in taps if t.position not in state.cuts]
-        state.boundary = {t.position for t in taps if t.boundary}
-        state.origin = {t.position: int(t.source) for t in taps}
-        state.taken = set()
-        state.demand = {}
-        state.capture_grid = self.capture_grid
-        if self.coalescer is not None:  # where waiting requests will resume (spec §12.2)
-            base = source.frontier if source is not None else 0
-            state.demand = self.coalescer.cuts_for(req.rid, pkey, base)
-            if state.demand:
-                state.cuts = sorted({*state.cuts, *state.demand})
-                state.flexible = [p for p in state.flexible if p not in state.demand]
-                state.boundary.update(state.demand)
-
     # ================================================================ lock
-    def inc_lock_ref(self, node: Any) -> IncLockRefResult:
-        lane = self._open(node)
+    def inc_lock_ref(self, node: MatchHandle) -> IncLockRefResult:
+        lane = self.open_handle(node)
         return IncLockRefResult(node_id=lane.id if lane is not None else None)
 
-    def dec_lock_ref(self, node: Any, params: DecLockRefParams | None = None) -> DecLockRefResult:
-        self._close(node)
+    def dec_lock_ref(
+        self, node: MatchHandle, params: DecLockRefParams | None = None
+    ) -> DecLockRefResult:
+        self.close_handle(node)
         return DecLockRefResult()
 
-    def lock(self, node: Any) -> TreeLock | None:
-        lane = self._open(node)
+    def lock(self, node: MatchHandle) -> TreeLock | None:
+        lane = self.open_handle(node)
         return TreeLock(node, DecLockRefParams(node_id=lane.id if lane is not None else None))
 
     def unlock(self, lock: TreeLock | None) -> None:
         if lock is not None:
-            self._close(lock.node)
+            self.close_handle(lock.node)
 
-    def _open(self, handle: MatchHandle) -> Any:
+    def open_handle(self, handle: MatchHandle) -> Lane | None:
         """Locks of one handle nest (SGLang pins the match around admission, then the
         admission locks it; a load-back opened the lane before either): they share one lane,
         closed by the last unlock."""
@@ -421,32 +410,32 @@ class HybridRadixCache(LoadBack, Publisher, BasePrefixCache):
         handle.lane = self.index.open_lane(handle.match, source, enabled=enabled)
         return handle.lane
 
-    def _close(self, handle: MatchHandle) -> None:
+    def close_handle(self, handle: MatchHandle) -> None:
         if handle.locks > 1:
             handle.locks -= 1
             return
         handle.locks = 0
         lane = handle.lane
         if lane is not None and not lane.closed:
-            self._cancel_inpass(handle)  # a pass that never reached its checkpoint
-            if self.host is not None:
+            self.publisher.cancel_inpass(handle)  # a pass that never reached its checkpoint
+            if self.host_tier is not None:
                 # Write-through in one operation at release (§7.6); the lane is released when
                 # nothing copies from its path any more.
-                self.host.release_lane(lane)
+                self.host_tier.release_lane(lane)
             else:
                 self.index.release(lane)
-            self._free_dropped()
+            self.free_dropped()
         handle.lane = None
 
     # ================================================================ prefix slots
-    def path_device_indices(self, node: Any) -> torch.Tensor:
-        handle: MatchHandle = node
+    def path_device_indices(self, node: MatchHandle) -> torch.Tensor:
+        handle = node
         if handle.match is None or handle.blocks == 0:
             return torch.empty(0, dtype=torch.int64, device=self.device)
         path = handle.match.path[: handle.blocks]
         return handles_to_slots((n.device for n in path), self.device)
 
-    def prefix_device_indices(self, req: Any) -> torch.Tensor:
+    def prefix_device_indices(self, req: Req) -> torch.Tensor:
         handle: MatchHandle = req.last_node
         base = self.path_device_indices(handle)
         source = handle.source
@@ -462,18 +451,59 @@ class HybridRadixCache(LoadBack, Publisher, BasePrefixCache):
         """A private copy of the source's tail KV, on pages the request will own (§6.4)."""
         t = source.tail_len
         need = ceil_to(t, self.page_size)
-        dst = alloc_evicting(self.token_to_kv_pool_allocator, need, self._evict_for)
+        dst = alloc_evicting(self.token_to_kv_pool_allocator, need, self.evict_tokens)
         if dst is None:
             raise RuntimeError(
                 f"out of KV memory copying a {t}-token snapshot tail; raise "
                 f"--max-total-tokens or --mem-fraction-static"
             )
-        src = handle_to_slots(source.tail_device, self.device)  # type: ignore[arg-type]
+        src = handle_to_slots(source.tail_device, self.device)
         self.pools.copy_kv(dst[:t], src[:t])
         return dst
 
+    # ================================================================ checkpoints (``publisher``)
+    def checkpoint(self, req: Req, *, up_to: int, **kwargs: object) -> None:
+        self.publisher.checkpoint(req, up_to)
+
+    def before_chunked_abort(self, scheduler: Scheduler, req: Req) -> None:
+        self.publisher.before_chunked_abort(scheduler, req)
+
+    def reserve_inpass(self, req: Req, start: int, end: int) -> None:
+        self.publisher.reserve_inpass(req, start, end)
+
+    def capture_pass_ends(self, batch: ScheduleBatch | None) -> None:
+        self.publisher.capture_pass_ends(batch)
+
+    # ================================================================ load-back (``load_back``)
+    def init_load_back(self, params: InitLoadBackParams) -> tuple[int, MatchHandle] | None:
+        return self.load_back.init_load_back(params)
+
+    def load_back_is_cache_owned(self) -> bool:
+        # The restored blocks are the cache's, but a source inside a block also gives the request
+        # a private copy of the tail (freed with the request): init_load_back sets
+        # cache_protected_len to the block grid itself instead of SGLang's prefix_len.
+        return False
+
+    def release_aborted_request(self, handle: CacheRequestHandle) -> None:
+        self.load_back.release_aborted_request(handle)
+
+    def held_for_restores(self, queue: list[Req]) -> list[Req]:
+        return self.load_back.held_for_restores(queue)
+
+    def on_admitted(self, req: Req) -> None:
+        self.load_back.on_admitted(req)
+
+    def prefetch_head(self, req: Req) -> int:
+        return self.load_back.prefetch_head(req)
+
+    def poll(self) -> None:
+        self.load_back.poll()
+
+    def copies_in_flight(self) -> bool:
+        return self.load_back.copies_in_flight()
+
     # ================================================================ release
-    def on_release(self, req: Any, *, checkpointed: bool) -> None:
+    def on_release(self, req: Req, *, checkpointed: bool) -> None:
         if self.coalescer is not None:
             self.coalescer.forget(req.rid)
         state: ReqState | None = getattr(req, ATTR, None)
@@ -482,7 +512,15 @@ class HybridRadixCache(LoadBack, Publisher, BasePrefixCache):
         if self.metrics is not None:
             self.metrics.on_release(self)
         if not checkpointed:
-            self._free_state_slot(req)
+            self.free_state_slot(req)
+
+    def free_state_slot(self, req: Req) -> None:
+        """Give the request's MambaPool slot back to SGLang (it did not become a snapshot's)."""
+        if req.kv.holds_mamba:
+            idx = req.kv.mamba_pool_idx
+            assert idx is not None  # what holds_mamba tests
+            self.mamba_allocator.free(idx.reshape(1).to(torch.int64))
+            req.kv.mamba_pool_idx = None
 
     # ================================================================ eviction
     def evict(self, params: EvictParams) -> EvictResult:
@@ -490,12 +528,21 @@ class HybridRadixCache(LoadBack, Publisher, BasePrefixCache):
             return EvictResult()
         start = time.perf_counter()  # SGLang's eviction-time metric only, never a decision
         freed = self.index.evict_device(params.num_tokens)
-        if freed < params.num_tokens and self.host is not None and self.host.shed():
+        if freed < params.num_tokens and self.host_tier is not None and self.host_tier.shed():
             # Write-through waiting for the bound pins its blocks; a decode never waits for it.
             freed += self.index.evict_device(params.num_tokens - freed)
-        self._free_dropped()
+        self.free_dropped()
         self.update_eviction_metrics(freed, start)
         return EvictResult(num_tokens_evicted=freed)
+
+    def evict_tokens(self, tokens: int) -> None:
+        """Evict cached blocks (device LRU) for ``tokens`` and hand their pages back."""
+        self.index.evict_device(tokens)
+        self.free_dropped()
+
+    def free_dropped(self) -> None:
+        """Return the device pages the index dropped to SGLang's allocator, in one call."""
+        free_dropped(self.token_to_kv_pool_allocator, self.index.drain_freed_device(), self.device)
 
     # ================================================================ diagnostics
     def pretty_print(self) -> None:
@@ -536,14 +583,15 @@ class HybridRadixCache(LoadBack, Publisher, BasePrefixCache):
             coalesce_waiters=c.waiters_total if c is not None else 0,
             coalesce_holds=c.holds_total if c is not None else 0,
         )
-        out.update(self.skips.as_dict(), taps_in_pass=self.taps_in_pass)
-        if self.host is not None:
+        out.update(self.skips.as_dict(), taps_in_pass=self.publisher.taps_in_pass)
+        host = self.host_tier
+        if host is not None:
             out.update(
-                host_written_bytes=self.host.written_bytes,
-                host_restored_bytes=self.host.restored_bytes,
-                host_restored_blocks=self.host.restored_blocks,
-                host_prefetched_blocks=self.host.prefetched_blocks,
-                **self.host.queue_stats(),
+                host_written_bytes=host.written_bytes,
+                host_restored_bytes=host.restored_bytes,
+                host_restored_blocks=host.restored_blocks,
+                host_prefetched_blocks=host.prefetched_blocks,
+                **host.queue_stats(),
             )
         return out
 
@@ -563,9 +611,9 @@ class HybridRadixCache(LoadBack, Publisher, BasePrefixCache):
         in-flight write-through has landed; False when there is no file, or the save was
         abandoned or failed (the previous file stays)."""
         p = getattr(self, "persistence", None)
-        if p is None or self.host is None or self.disable:
+        if p is None or self.host_tier is None or self.disable:
             return False
-        drain = getattr(self.host, "drain", None)
+        drain = getattr(self.host_tier, "drain", None)
         if drain is not None:
             drain()
         return p.save(self)
@@ -574,6 +622,6 @@ class HybridRadixCache(LoadBack, Publisher, BasePrefixCache):
         """SGLang's graceful scheduler exit (after the event loop ended, never after an error):
         the orderly stop that saves the host tier."""
         self.save_host_tier()
-        if self.host is not None:
-            self.host.close()  # drains, then stops the copy worker (CPU)
+        if self.host_tier is not None:
+            self.host_tier.close()  # drains, then stops the copy worker (CPU)
         super().release_host_resources()

@@ -23,7 +23,7 @@ namespace (LoRA, cache salt) and requests the cache does not insert never coales
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..index import BLOCK_TOKENS, PromptKey
 from ..index.coalesce import (
@@ -34,6 +34,9 @@ from ..index.coalesce import (
     worth_a_split,
 )
 from .request import ATTR, ReqState, waiting_key
+
+if TYPE_CHECKING:
+    from .cache import HybridRadixCache
 
 MAX_HOLD_PASSES = 64  # a safety net: a sibling publishes within a few passes
 WINDOW_PASSES = 4  # how far ahead in the queue (in passes' worth of prompt tokens) to look
@@ -244,14 +247,14 @@ class Coalescer:
         self.cuts = {rid: c for rid, c in self.cuts.items() if rid in alive}
 
 
-def around_prefill_pass(orig: Any, scheduler: Any, *args: Any, **kwargs: Any) -> Any:
+def around_prefill_pass(
+    cache: HybridRadixCache, orig: Any, scheduler: Any, *args: Any, **kwargs: Any
+) -> Any:
     """Hold requests out of the pass, run it, put them back in their places: coalescing
-    requests, and requests waiting for host-tier restores (``LoadBack.held_for_restores``)."""
-    from .cache import HybridRadixCache
+    requests, and requests waiting for host-tier restores (``LoadBack.held_for_restores``).
 
-    cache = getattr(scheduler, "tree_cache", None)
-    if not isinstance(cache, HybridRadixCache):
-        return orig(scheduler, *args, **kwargs)
+    The caller (``plugin.py``) checks that ``cache`` is ours: ``cache.py`` imports this module,
+    so this module does not import it back."""
     held = cache.held_for_restores(scheduler.waiting_queue)
     if cache.coalescer is not None:
         # A restoring request neither coalesces nor is anyone's sibling this pass.

@@ -30,6 +30,7 @@ FLAG_HOST_COPY = "--hybrid-host-copy"
 FLAG_HOST_WRITE = "--hybrid-host-write-mib"
 FLAG_CACHE_FILE = "--hybrid-cache-file"
 TapMode = Literal["split", "zero-split", "auto"]
+TailTap = Literal["exact", "flexible"]
 
 
 @dataclass(slots=True)
@@ -39,7 +40,7 @@ class HybridOptions:
     taps_per_request: int | None = None
     tap_ladder: int | None = None
     tap_min_gap: int | None = None
-    tail_tap: Literal["exact", "flexible"] = "exact"
+    tail_tap: TailTap = "exact"
     coalesce: bool = True
     check_ranks: bool = False
     tap_mode: TapMode = "auto"
@@ -235,7 +236,7 @@ def _resolve(opts: HybridOptions, *, concurrency: int, chunk_tokens: int) -> Cac
         chunk_tokens=chunk_tokens,
         host_cache_mib=opts.host_cache_mib,
         device_snapshot_slots=opts.device_snapshot_slots,
-        max_new_taps=opts.taps_per_request,
+        taps_per_request=opts.taps_per_request,
         tap_ladder_tokens=opts.tap_ladder,
         tap_min_gap_tokens=opts.tap_min_gap,
     )

@@ -31,7 +31,8 @@ from typing import Any, NamedTuple
 
 import torch
 
-from ..index import BLOCK_TOKENS, BlockNode, Lane, PrefixIndex, Residency, Snapshot
+from ..index import BLOCK_TOKENS, BlockNode, Lane, PrefixIndex, Snapshot
+from ..index.node import FastResidency
 from ..store.copy_queue import CopyMode, ThreadQueue, make_queue
 from ..store.device import DevicePools, handle_to_slots, handles_to_slots, slots_to_handle
 from ..store.host_memory import HostMemory
@@ -41,7 +42,7 @@ from .pages import alloc_evicting, ceil_to, free_dropped
 from .skips import Skips
 
 logger = logging.getLogger(__name__)
-R = Residency
+R = FastResidency  # Residency, read faster (index/node.py)
 PREFETCH_BLOCKS = 256
 
 
@@ -284,7 +285,7 @@ class HostTier:
         A failed copy leaves the blocks device-only (their slabs go back): write-through is an
         optimisation, never a reason to fail the request that released them.
         """
-        planned = self.index.plan_writes(lane)
+        planned = self.index.transfers.plan_writes(lane)
         if not planned:
             return 0
         # Handles are immutable bytes and the lane pins the pages: the copy list is built on
@@ -294,11 +295,11 @@ class HostTier:
         nbytes = len(planned) * self.layout.block_bytes
 
         def done(moved: int) -> None:
-            self.index.complete_writes(planned)
+            self.index.transfers.complete_writes(planned)
             self.c.written_bytes += moved
 
         def failed(exc: BaseException) -> None:
-            self.index.abort_writes(planned)
+            self.index.transfers.abort_writes(planned)
             self.skips.note("write_through_failed", f"{len(planned)} blocks: {exc}")
 
         run = lambda: self._run(_block_copies(handles, slabs), to_host=True)  # noqa: E731
@@ -308,21 +309,21 @@ class HostTier:
     def write_snapshot(self, s: Snapshot, state_slot: int, lane: Lane | None = None) -> int:
         """Issue a just-published snapshot's image (and tail); skipped when GDSF refuses (§9.3).
         ``s`` stays pinned and ``lane`` (whose path anchors it) open until the copy retires."""
-        plan = self.index.plan_image_write(s)
+        plan = self.index.transfers.plan_image_write(s)
         if plan is None:
             return 0
         slabs, tail_slab = plan
         tail = None
         if tail_slab >= 0:
-            tail = BlockCopy(handle_to_slots(s.tail_device, "cpu")[: s.tail_len], tail_slab)  # type: ignore[arg-type]
+            tail = BlockCopy(handle_to_slots(s.tail_device, "cpu")[: s.tail_len], tail_slab)
         nbytes = self.layout.image_bytes + (self.layout.block_bytes if tail is not None else 0)
 
         def done(moved: int) -> None:
-            self.index.complete_image_write(s)
+            self.index.transfers.complete_image_write(s)
             self.c.written_bytes += moved
 
         def failed(exc: BaseException) -> None:
-            self.index.abort_image_write(s)
+            self.index.transfers.abort_image_write(s)
             self.skips.note("write_through_failed", f"snapshot {s.id}: {exc}")
 
         run = lambda: self._run([], to_host=True, image=(state_slot, slabs), tail=tail)  # noqa: E731
@@ -381,8 +382,9 @@ class HostTier:
         items = self._begin_fills(missing, host_dst)
         tail = None
         if tail_missing:
-            slots = host_dst[BLOCK_TOKENS * len(missing) :]  # type: ignore[index]
-            self.index.begin_tail_fill(source, slots_to_handle(slots), tail_tokens)
+            assert host_dst is not None  # tail_missing makes need > 0: dst was allocated above
+            slots = host_dst[BLOCK_TOKENS * len(missing) :]
+            self.index.transfers.begin_tail_fill(source, slots_to_handle(slots), tail_tokens)
             tail = BlockCopy(slots[: source.tail_len], source.tail_host_slab)
         image = None
         if not source.image_on_device:
@@ -395,18 +397,18 @@ class HostTier:
 
         def done(moved: int) -> None:
             for node in missing:
-                self.index.finish_node_fill(node)
+                self.index.transfers.finish_node_fill(node)
             if tail_missing:
-                self.index.finish_tail_fill(source)
+                self.index.transfers.finish_tail_fill(source)
             self.c.restored_bytes += moved
             self.c.restored_blocks += len(missing)
             pending.nbytes, pending.done = moved, True
 
         def failed(exc: BaseException) -> None:  # the request recomputes instead (issue #11)
             for node in missing:
-                self.index.abort_node_fill(node)
+                self.index.transfers.abort_node_fill(node)
             if tail_missing:
-                self.index.abort_tail_fill(source)
+                self.index.transfers.abort_tail_fill(source)
             # The lane maps blocks that have no device copy now: it goes at once, not when the
             # request is next matched (the handle's close then finds it closed).
             self.index.release(lane)
@@ -427,7 +429,7 @@ class HostTier:
         packed = rows.to(torch.int32).numpy()  # one conversion; a handle is a row's bytes
         items = []
         for i, node in enumerate(nodes):
-            self.index.begin_node_fill(node, packed[i].tobytes())
+            self.index.transfers.begin_node_fill(node, packed[i].tobytes())
             items.append(BlockCopy(rows[i], node.host_slab))
         return items
 
@@ -469,29 +471,29 @@ class HostTier:
         if not missing:
             return 0
         held = path[:k]
-        self.index.pin_for_prefetch(held)  # the head's path stays put meanwhile
+        self.index.transfers.pin_for_prefetch(held)  # the head's path stays put meanwhile
         room = self.allocator.available_size() + self._backed_evictable()
         if limit_tokens is not None:
             room = min(room, limit_tokens)
         count = min(len(missing), room // BLOCK_TOKENS)
         dst = self._alloc(count * BLOCK_TOKENS, backed_only=True) if count > 0 else None
         if dst is None:
-            self.index.unpin_for_prefetch(held)
+            self.index.transfers.unpin_for_prefetch(held)
             return 0
         chosen = missing[:count]
         items = self._begin_fills(chosen, dst.cpu())
 
         def done(moved: int) -> None:
             for node in chosen:
-                self.index.finish_node_fill(node)
-            self.index.unpin_for_prefetch(held)
+                self.index.transfers.finish_node_fill(node)
+            self.index.transfers.unpin_for_prefetch(held)
             self.c.restored_bytes += moved
             self.c.prefetched_blocks += count
 
         def failed(exc: BaseException) -> None:
             for node in chosen:
-                self.index.abort_node_fill(node)
-            self.index.unpin_for_prefetch(held)
+                self.index.transfers.abort_node_fill(node)
+            self.index.transfers.unpin_for_prefetch(held)
             self.skips.note("restore_abandoned", f"prefetch copy failed: {exc}")
 
         run = lambda: self._run(items, to_host=False)  # noqa: E731

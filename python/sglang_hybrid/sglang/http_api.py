@@ -332,7 +332,7 @@ def _render_messages(request: Any, body: dict[str, Any]) -> list[int]:
 
     if not isinstance(body["messages"], list) or not body["messages"]:
         raise BadRequest("messages must be a non-empty list of chat messages")
-    fields = {"messages": body["messages"]}
+    fields: dict[str, Any] = {"messages": body["messages"]}
     for name in ("tools", "chat_template_kwargs", "add_generation_prompt"):
         if body.get(name) is not None:
             fields[name] = body[name]

@@ -1,70 +1,87 @@
 """Host-tier restores through SGLang's load-back protocol, asynchronously (spec §6.4-6.6).
 
-A mixin of :class:`~.cache.HybridRadixCache`. SGLang's ``PrefillAdder`` budgets a request whose
-best source is on the host and calls ``init_load_back`` once it accepts it. The copies are issued
-there (``HostTier.restore``) and the request is held out of admission passes until they retire;
-its next match (``_restored_match``) answers the restored source as device-resident with the lane
-the restore opened, and the image is copied on write from a staging MambaPool slot. The
-restore's own lock on that lane goes once SGLang's admission locked it (``on_admitted``). With
-inline copies the restore has retired when ``init_load_back`` returns and the request is
-admitted in the same pass. ``poll`` runs once per scheduler iteration (``plugin.py``).
+:class:`LoadBack` is a part of :class:`~.cache.HybridRadixCache` (``cache.load_back``) and owns
+the restores' staging slots and the admission pass in progress. SGLang's ``PrefillAdder`` budgets
+a request whose best source is on the host and calls ``init_load_back`` once it accepts it. The
+copies are issued there (``HostTier.restore``) and the request is held out of admission passes
+until they retire; its next match (``restored_match``) answers the restored source as
+device-resident with the lane the restore opened, and the image is copied on write from a staging
+MambaPool slot. The restore's own lock on that lane goes once SGLang's admission locked it
+(``on_admitted``). With inline copies the restore has retired when ``init_load_back`` returns and
+the request is admitted in the same pass. ``poll`` runs once per scheduler iteration
+(``plugin.py``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
-from sglang.srt.mem_cache.base_prefix_cache import InitLoadBackParams, MatchResult
+from sglang.srt.mem_cache.base_prefix_cache import (
+    CacheRequestHandle,
+    InitLoadBackParams,
+    MatchResult,
+)
 
-from ..index import BLOCK_TOKENS, PromptKey, Residency
+from ..index import BLOCK_TOKENS, PromptKey, Snapshot
+from ..index.node import FastResidency
 from .host_tier import PendingRestore
 from .pages import ceil_to
 from .request import ATTR, MatchHandle, ReqState, key_for, waiting_key
 
 if TYPE_CHECKING:
-    from ..index import Match, PrefixIndex, Snapshot
-    from .host_tier import HostTier
+    from sglang.srt.managers.schedule_batch import Req, ReqKvInfo
+    from sglang.srt.managers.schedule_policy import PrefillAdder
+
+    from .cache import HybridRadixCache
 
 
 FILL_WAIT_WINDOW = 64  # waiting requests checked for in-flight fills per pass, from the head
 
 
 class LoadBack:
-    # State owned by HybridRadixCache (declared for readers and type checkers).
-    index: PrefixIndex
-    host: HostTier | None
-    disable: bool
-    device: torch.device
-    mamba_allocator: Any
-    token_to_kv_pool_allocator: Any
-    page_size: int
-    pass_adder: Any  # SGLang's PrefillAdder of the admission pass in progress (note_adder)
-    _free_next_poll: list[torch.Tensor]
-    metrics_collector: Any  # SGLang's radix-cache collector (None without --enable-metrics)
-    slot_id: Callable[[int], int]
-    _close: Callable[[MatchHandle], None]
-    _free_dropped: Callable[[], None]
-    _plan: Callable[[Any, ReqState, PromptKey, Match, Snapshot | None], None]
+    def __init__(self, cache: HybridRadixCache) -> None:
+        self.cache = cache
+        # SGLang's allocators, the cache's for its whole life.
+        self.mamba_allocator = cache.mamba_allocator
+        self.allocator = cache.token_to_kv_pool_allocator
+        self.page_size = cache.page_size
+        self.device = cache.device
+        # The admission pass in progress (its PrefillAdder), set as each candidate is selected
+        # (``note_adder``): its remaining budget bounds an asynchronous restore and a prefetch.
+        self.pass_adder: PrefillAdder | None = None
+        # Restore staging slots (MambaPool) freed at the next poll; only changed here.
+        self.free_next_poll: list[torch.Tensor] = []
+
+    def note_adder(self, adder: PrefillAdder | None) -> None:
+        self.pass_adder = adder
+
+    def staged_slots(self) -> int:
+        """MambaPool slots held for restores: staging slots in flight or freed at the next poll
+        (SGLang counts them protected, ``mamba_protected_size``)."""
+        host = self.cache.host_tier
+        staged = 0
+        if host is not None and host.restores:
+            staged = sum(p.staging is not None for p in host.restores.values())
+        return staged + len(self.free_next_poll)
 
     def copies_in_flight(self) -> bool:
         """Host copies not yet retired (or a staging slot not yet freed): the scheduler's loop
         keeps polling; nothing here is idle yet."""
-        host = self.host
-        return bool(self._free_next_poll) or (
+        host = self.cache.host_tier
+        return bool(self.free_next_poll) or (
             host is not None and bool(host.ops or host.backlog or host.restores)
         )
 
     # ================================================================ load-back
-    def init_load_back(self, params: InitLoadBackParams) -> tuple[int, Any] | None:
+    def init_load_back(self, params: InitLoadBackParams) -> tuple[int, MatchHandle] | None:
         """Restore the host source SGLang's admission accepted (§6.4-6.5): open its lane (path
         and source pinned) and issue the copies of host-only blocks, tail and image.
 
         Asynchronous copies (the default): the request is not admitted now. It returns None
         (SGLang's adder ends this pass there, as for any deferred load-back) and the request is
         held out of admission passes until its copies retire (``held_for_restores``); then its
-        next match answers the whole prefix as device-resident (``_restored_match``) and it is
+        next match answers the whole prefix as device-resident (``restored_match``) and it is
         admitted like any device hit. The restore's own hold on the lane (one lock) is dropped
         once SGLang's admission locked it (``on_admitted``). Inline copies (the replay harness)
         retire at once and the request is admitted in this pass, as SGLang's load-back expects.
@@ -73,15 +90,17 @@ class LoadBack:
         later); ``(0, device handle)`` (resume from the device source) when a copy failed.
         """
         req = params.req
+        assert req is not None  # Optional in SGLang's params; both of its callers pass the request
         star: MatchHandle = params.best_match_node
         dev: MatchHandle = req.last_node
         source = star.source
-        if self.disable or self.host is None or source is None or star is dev:
+        host = self.cache.host_tier
+        if self.cache.disable or host is None or source is None or star is dev:
             return 0, dev
         kv = req.kv
         adder = self.pass_adder
         if (
-            not self.host.queue.synchronous
+            not host.queue.synchronous
             and adder is not None
             and self._restore_pass_cost(star, source) > adder.cur_rem_tokens
         ):
@@ -94,7 +113,7 @@ class LoadBack:
         staging: torch.Tensor | None = None
         if source.image_on_device:
             pass  # copy-on-write from the source's slot (pinned by the lane)
-        elif self.host.queue.synchronous:  # the image lands in the request's own slot now
+        elif host.queue.synchronous:  # the image lands in the request's own slot now
             if not kv.holds_mamba:
                 got = self.mamba_allocator.alloc(1)
                 if got is None:
@@ -111,11 +130,11 @@ class LoadBack:
             image_slot = int(staging[0])  # one device->host read per restore (copy metadata)
         assert star.match is not None and star.state is not None
         state = star.state
-        lane = self.index.open_lane(star.match, source, enabled=state.enabled)
+        lane = self.cache.index.open_lane(star.match, source, enabled=state.enabled)
         star.lane, star.locks = lane, 1  # the restore's own hold (see on_admitted)
-        pending = self.host.restore(req.rid, star, lane, source, image_slot, staging)
+        pending = host.restore(req.rid, star, lane, source, image_slot, staging)
         if pending is None:  # no room: nothing was touched
-            self._close(star)
+            self.cache.close_handle(star)
             if staging is not None:
                 self.mamba_allocator.free(staging)
             return None
@@ -136,15 +155,15 @@ class LoadBack:
         its host-only blocks and tail, and its path's blocks now evictable (its lane pins them)."""
         assert star.match is not None
         k = source.anchor.depth + 1
-        lru = self.index.lru
-        absent = Residency.ABSENT
+        lru = self.cache.index.lru
+        absent = FastResidency.ABSENT
         blocks = sum(1 for n in star.match.path[:k] if n.device_state is absent or n in lru)
         tail = 0
         if source.tail and not source.tail_on_device:
             tail = ceil_to(source.tail_len, self.page_size)
         return blocks * BLOCK_TOKENS + tail
 
-    def _take_restore(self, req: Any, state: ReqState) -> PendingRestore | None:
+    def _take_restore(self, req: Req, state: ReqState) -> PendingRestore | None:
         """A retired restore of ``req``: the pending record when it succeeded; None (its hold
         dropped, its lane closed, later matches ignore host sources) when it failed."""
         pending = state.restore
@@ -154,8 +173,9 @@ class LoadBack:
                 state.restored_bytes += pending.nbytes
                 state.restored_tokens += pending.tokens
                 pending.counted = True
-                if self.metrics_collector is not None:  # SGLang's load-back counter
-                    self.metrics_collector.increment_load_back_num_tokens(pending.tokens, "kv")
+                collector = self.cache.metrics_collector  # SGLang's load-back counter
+                if collector is not None:
+                    collector.increment_load_back_num_tokens(pending.tokens, "kv")
             return pending
         state.restore, state.no_host = None, True
         self._end_restore(req.rid, pending)
@@ -164,44 +184,45 @@ class LoadBack:
     def _end_restore(self, rid: str, pending: PendingRestore) -> None:
         """The restore's hold on its lane goes; its staging slot is freed at the next poll
         (a copy-on-write from it may still be queued in this pass)."""
-        assert self.host is not None
-        self.host.restores.pop(rid, None)
+        host = self.cache.host_tier
+        assert host is not None
+        host.restores.pop(rid, None)
         if pending.staging is not None:
-            self._free_next_poll.append(pending.staging)
+            self.free_next_poll.append(pending.staging)
             pending.staging = None
-        self._close(pending.handle)
+        self.cache.close_handle(pending.handle)
 
     def poll(self) -> None:
         """Once per scheduler iteration (``plugin._before_next_batch``)."""
-        if self._free_next_poll:
-            self.mamba_allocator.free(torch.cat(self._free_next_poll))
-            self._free_next_poll = []
-        if self.host is not None:
-            self.host.poll()
+        if self.free_next_poll:
+            self.mamba_allocator.free(torch.cat(self.free_next_poll))
+            self.free_next_poll = []
+        if self.cache.host_tier is not None:
+            self.cache.host_tier.poll()
 
-    def _set_restored_cow(self, kv: Any, pending: PendingRestore) -> None:
+    def _set_restored_cow(self, kv: ReqKvInfo, pending: PendingRestore) -> None:
         source = pending.handle.source
         kv.mamba_needs_clear = False
         if pending.image_on_device:
             kv.mamba_cow_src_index = torch.tensor(
-                [self.slot_id(source.device_slot)], dtype=torch.int64, device=self.device
+                [self.cache.slot_id(source.device_slot)], dtype=torch.int64, device=self.device
             )
         elif pending.staging is not None:
             kv.mamba_cow_src_index = pending.staging.reshape(1).to(torch.int64)
         else:
             kv.mamba_cow_src_index = None  # the image was restored into the request's slot
 
-    def _restored_match(
-        self, req: Any, state: ReqState, pkey: PromptKey, *, cow: bool
+    def restored_match(
+        self, req: Req, state: ReqState, pkey: PromptKey, *, cow: bool
     ) -> MatchResult | None:
         """The match of a request whose restore retired: the restored source, now on the device,
         with the lane the restore opened. None: the restore failed (match afresh)."""
-        pending = state.restore
-        assert pending is not None and self.host is not None
+        pending, host = state.restore, self.cache.host_tier
+        assert pending is not None and host is not None
         if not (pending.done or pending.failed):
             # Held requests are not matched; if SGLang matches one anyway, wait for it here
             # rather than admit a request whose state slot a copy is still writing.
-            self.host.wait_for(pending)
+            host.wait_for(pending)
         if self._take_restore(req, state) is None:
             return None
         star: MatchHandle = pending.handle
@@ -217,7 +238,7 @@ class LoadBack:
                 req.kv.mamba_pool_idx = got[0]
             self._set_restored_cow(req.kv, pending)
             state.best_frontier = max(state.best_frontier, f)
-            self._plan(req, state, pkey, star.match, star.source)
+            self.cache.publisher.plan(req, state, pkey, star.match, star.source)
         kv_len = star.match.kv_tokens
         return MatchResult(
             device_prefix_len=f,
@@ -230,27 +251,27 @@ class LoadBack:
             full_device_match_len=kv_len,
         )
 
-    def held_for_restores(self, queue: list[Any]) -> list[Any]:
+    def held_for_restores(self, queue: list[Req]) -> list[Req]:
         """Waiting requests to hold out of this admission pass while restores land: those whose
         own restore runs, and those near the queue's head whose prompt runs through blocks
         being filled (matched now they would resume short of the blocks on their way back, a
         request arriving with the one that restores them most of all, as coalescing's siblings
         do). O(requests checked x their blocks), only while a fill is in flight."""
-        host = self.host
+        host = self.cache.host_tier
         if host is None or not host.filling:
             return []
         mine = host.restoring()
-        held = []
+        held: list[Req] = []
         for i, req in enumerate(queue):
             if req.rid in mine:
                 held.append(req)
             elif i < FILL_WAIT_WINDOW and (key := waiting_key(req)) is not None:
-                m = self.index.match(key)
+                m = self.cache.index.match(key)
                 if m.settled_blocks < len(m.path):
                     held.append(req)
         return held
 
-    def on_admitted(self, req: Any) -> None:
+    def on_admitted(self, req: Req) -> None:
         """SGLang's admission locked the request's handle: a restore's own hold goes."""
         state = getattr(req, ATTR, None)
         if state is None or state.restore is None:
@@ -258,10 +279,10 @@ class LoadBack:
         pending, state.restore = state.restore, None
         self._end_restore(req.rid, pending)  # drops one lock; the admission's keeps the lane
 
-    def release_aborted_request(self, handle: Any) -> None:
+    def release_aborted_request(self, handle: CacheRequestHandle) -> None:
         """SGLang aborts a waiting request (before it frees the request's state slot): a restore
         of it is waited for (every rank at the same point), then its lane is closed."""
-        host = self.host
+        host = self.cache.host_tier
         pending = host.restores.pop(handle.rid, None) if host is not None else None
         if pending is None or host is None:
             return
@@ -271,22 +292,16 @@ class LoadBack:
             state.restore = None
         self._end_restore(handle.rid, pending)
 
-    def load_back_is_cache_owned(self) -> bool:
-        # The restored blocks are the cache's, but a source inside a block also gives the request
-        # a private copy of the tail (freed with the request): init_load_back sets
-        # cache_protected_len to the block grid itself instead of SGLang's prefix_len.
-        return False
-
     # ================================================================ prefetch
-    def prefetch_head(self, req: Any) -> int:
+    def prefetch_head(self, req: Req) -> int:
         """The FIFO head waits (§6.6): copy its source's host-only path blocks to the device.
 
         Only into room SGLang's admission pass left unpromised (its adder's ``rem_total_tokens``;
         no prefetch in a pass that considered no candidate). It retries only while the last
         attempt copied blocks or spare room grew, because matching walks the whole prompt path.
         """
-        adder = self.pass_adder
-        if self.disable or self.host is None or req.kv.holds_kv or adder is None:
+        adder, host = self.pass_adder, self.cache.host_tier
+        if self.cache.disable or host is None or req.kv.holds_kv or adder is None:
             return 0
         state = getattr(req, ATTR, None)
         if state is not None and state.restore is not None:
@@ -295,15 +310,15 @@ class LoadBack:
         # (decode headroom, a chunked request's next chunks) and for this pass's admissions;
         # prefetching into those stopped the next chunk ("Prefill out of memory", reliability).
         spare = max(0, int(adder.rem_total_tokens))
-        room = self.token_to_kv_pool_allocator.available_size() + self.index.evictable_tokens
+        room = self.allocator.available_size() + self.cache.index.evictable_tokens
         last = getattr(state, "prefetch_room", None)
         if state is not None and last is not None and not state.prefetch_copied and room <= last:
             return 0
         tokens = req.origin_input_ids + req.output_ids
         key = key_for(state, tokens, len(tokens))
-        m = self.index.match(key)
-        copied = self.host.prefetch(m.path, m.best, limit_tokens=spare)
-        self._free_dropped()
+        m = self.cache.index.match(key)
+        copied = host.prefetch(m.path, m.best, limit_tokens=spare)
+        self.cache.free_dropped()
         if state is not None:
             state.prefetch_room, state.prefetch_copied = room, copied
         return copied

@@ -48,4 +48,4 @@ def free_dropped(
     """Hand the dropped blocks' pages back to ``allocator`` in one call (nothing if none)."""
     handles = [h for h, _ in dropped]
     if handles:  # the index stores device handles as bytes (store.device)
-        allocator.free(handles_to_slots(handles, device))  # type: ignore[arg-type]
+        allocator.free(handles_to_slots(handles, device))

@@ -257,7 +257,7 @@ class Persistence:
         plan = index.plan_adopt(cf.records)
         try:
             adopted = index.adopt_host(cf.records, plan)
-            memory = cache.host.memory
+            memory = cache.host_tier.memory
             nbytes = read_slabs(
                 cf, ((src, memory.slab(dst).numpy()) for src, dst in adopted.copies)
             )
@@ -300,7 +300,7 @@ class Persistence:
         if self.control.abandoned:
             logger.warning("host tier save abandoned before it began; %s stays", self.path)
             return False
-        index, memory = cache.index, cache.host.memory
+        index, memory = cache.index, cache.host_tier.memory
         records = index.export_host()
         slabs = len(records.nodes) + sum(
             len(r.image_slabs) + (1 if r.tail else 0) for r in records.snapshots
@@ -340,7 +340,7 @@ def setup(cache: Any, ctx: Any, opts: Any) -> Persistence | None:
     path = check_cache_file(getattr(opts, "cache_file", None), opts.host_cache_mib)
     if path is None:
         return None
-    if cache.host is None:  # --disable-radix-cache: nothing to keep
+    if cache.host_tier is None:  # --disable-radix-cache: nothing to keep
         return None
     tp_rank, tp_size = int(ctx.tp_rank), int(ctx.tp_size)
     p = Persistence(
@@ -366,7 +366,7 @@ def install_stop_handlers(scheduler: Any) -> None:
     p: Persistence | None = getattr(cache, "persistence", None)
     if p is None:
         return
-    state = {"stop_at": None, "by": None}
+    state: dict[str, Any] = {"stop_at": None, "by": None}
 
     def stop(signum: int, frame: Any) -> None:
         name = signal.Signals(signum).name
@@ -416,7 +416,7 @@ def around_launch_server(orig: Any, server_args: Any, *args: Any, **kwargs: Any)
 
     grace = getattr(tokenizer_manager, "_SCHEDULER_EXIT_TIMEOUT_SECS", None)
     if isinstance(grace, (int, float)) and grace < SAVE_WAIT_S:
-        tokenizer_manager._SCHEDULER_EXIT_TIMEOUT_SECS = SAVE_WAIT_S  # type: ignore[attr-defined]
+        tokenizer_manager._SCHEDULER_EXIT_TIMEOUT_SECS = SAVE_WAIT_S  # type: ignore[assignment]  # int from its literal 15; read as seconds
     try:
         return orig(server_args, *args, **kwargs)
     finally:

@@ -300,10 +300,11 @@ def _around_prefill_pass(orig: Any, scheduler: Any, *args: Any, **kwargs: Any) -
     from .coalesce import around_prefill_pass
 
     cache = getattr(scheduler, "tree_cache", None)
-    if isinstance(cache, HybridRadixCache):
-        cache.note_adder(None)  # this pass's adder is noted when it selects a candidate
-    result = around_prefill_pass(orig, scheduler, *args, **kwargs)
-    if isinstance(cache, HybridRadixCache) and cache.host is not None:
+    if not isinstance(cache, HybridRadixCache):
+        return orig(scheduler, *args, **kwargs)
+    cache.note_adder(None)  # this pass's adder is noted when it selects a candidate
+    result = around_prefill_pass(cache, orig, scheduler, *args, **kwargs)
+    if cache.host_tier is not None:
         queue = scheduler.waiting_queue
         if queue:
             cache.prefetch_head(queue[0])

@@ -1,7 +1,8 @@
 """What a pass's end publishes (spec §7.4-§7.7): block commits, taps, endpoints, a cancel's work.
 
-A mixin of :class:`~.cache.HybridRadixCache` (SGLang's ``checkpoint`` lands here). At a chunk end
-the completed blocks are committed (§7.6: new blocks become tree nodes owning the request's
+:class:`Publisher` is a part of :class:`~.cache.HybridRadixCache` (``cache.publisher``): SGLang's
+``checkpoint`` lands here, and the taps a request plans at its match come from here. At a chunk
+end the completed blocks are committed (§7.6: new blocks become tree nodes owning the request's
 slots; blocks the tree already holds are deduplicated, the request's slots freed and the row
 repointed) and the taps due there are taken (a copy of the live state into a snapshot slot,
 §7.4; an exact tap inside a block also copies the partial block's KV as its tail). At finish the
@@ -11,24 +12,31 @@ endpoint takes the request's state slot itself and the partial last block's page
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from ..cpu.taps import TAPS_ATTR, TAPS_DONE_ATTR, mark_tap_done
-from ..index import BLOCK_TOKENS, CommitKind, Snapshot, SnapshotKind
+from ..index import (
+    BLOCK_TOKENS,
+    CommitKind,
+    Lane,
+    Match,
+    PromptKey,
+    Snapshot,
+    SnapshotKind,
+    TapSource,
+)
 from ..store.device import handles_to_slots, slots_to_handle
-from .hints import pins_endpoint
-from .pages import alloc_evicting, ceil_to, free_dropped
+from .hints import pins_endpoint, tap_hints
+from .pages import alloc_evicting, ceil_to
 from .request import ATTR, InPassTap, MatchHandle, ReqState, key_for
 
 if TYPE_CHECKING:
-    from ..index import PrefixIndex
-    from ..store.device import DevicePools
-    from .host_tier import HostTier
-    from .metrics import CacheMetrics
-    from .skips import Skips
+    from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
+    from sglang.srt.managers.scheduler import Scheduler
+
+    from .cache import HybridRadixCache
 
 
 def _realised(state: ReqState, due: list[int]) -> tuple[SnapshotKind, int, int]:
@@ -40,34 +48,65 @@ def _realised(state: ReqState, due: list[int]) -> tuple[SnapshotKind, int, int]:
     return kind, demand, origin
 
 
-def _committed(lane: Any, frontier: int) -> bool:
+def _committed(lane: Lane, frontier: int) -> bool:
     """Every full block below ``frontier`` is on the lane's path (a commit stops before a block
     whose device copy is still landing; a snapshot there waits for a later pass)."""
     return len(lane.path) >= frontier // BLOCK_TOKENS
 
 
 class Publisher:
-    # State owned by HybridRadixCache (declared for readers and type checkers).
-    index: PrefixIndex
-    pools: DevicePools
-    host: HostTier | None
-    disable: bool
-    device: torch.device
-    page_size: int
-    req_to_token_pool: Any
-    token_to_kv_pool_allocator: Any
-    mamba_allocator: Any
-    _slot_ids: list[int]
-    skips: Skips
-    taps_in_pass: int  # taps the model worker captured inside a pass (zero-split)
-    overlap: bool  # overlap scheduling: pass ends are captured as the pass runs
-    metrics: CacheMetrics | None  # --enable-metrics
-    slot_id: Callable[[int], int]  # index snapshot slot -> MambaPool slot
+    def __init__(self, cache: HybridRadixCache) -> None:
+        self.cache = cache
+        # SGLang's pools and allocators, the cache's for its whole life.
+        self.pools = cache.pools
+        self.allocator = cache.token_to_kv_pool_allocator
+        self.req_to_token_pool = cache.req_to_token_pool
+        self.page_size = cache.page_size
+        self.skips = cache.skips
+        # Taps the model worker captured inside a pass (zero-split); only changed here.
+        self.taps_in_pass = 0
 
-    def checkpoint(self, req: Any, *, up_to: int, **kwargs: Any) -> None:
+    # ================================================================ the plan (at match)
+    def plan(
+        self, req: Req, state: ReqState, key: PromptKey, m: Match, source: Snapshot | None
+    ) -> None:
+        """The taps the request's passes will publish (§7.1), on its record: exact ones end a
+        pass (``cuts``), flexible ones are taken where a pass ends; the coalescer's cuts where
+        waiting requests will resume join them (§12.2)."""
+        cache = self.cache
+        n = state.n_prompt
+        if not state.enabled or n < 2:
+            state.cuts, state.flexible = [], []
+            return
+        pkey = key.prefix(n) if key.n > n else key
+        planner = cache.index.planner
+        dropped = planner.over_budget
+        taps = cache.index.plan_taps(pkey, m, source, tap_hints(req, n), n=n)
+        if planner.over_budget > dropped:
+            self.skips.note("tap_over_budget", req.rid, count=planner.over_budget - dropped)
+        exact_tail = cache.options.tail_tap == "exact"
+        state.cuts = [
+            t.position for t in taps if t.exact or (exact_tail and t.source is TapSource.TAIL)
+        ]
+        state.flexible = [t.position for t in taps if t.position not in state.cuts]
+        state.boundary = {t.position for t in taps if t.boundary}
+        state.origin = {t.position: int(t.source) for t in taps}
+        state.taken = set()
+        state.demand = {}
+        state.capture_grid = cache.capture_grid
+        if cache.coalescer is not None:  # where waiting requests will resume (spec §12.2)
+            base = source.frontier if source is not None else 0
+            state.demand = cache.coalescer.cuts_for(req.rid, pkey, base)
+            if state.demand:
+                state.cuts = sorted({*state.cuts, *state.demand})
+                state.flexible = [p for p in state.flexible if p not in state.demand]
+                state.boundary.update(state.demand)
+
+    # ================================================================ checkpoints
+    def checkpoint(self, req: Req, up_to: int) -> None:
         self._checkpoint(req, up_to, terminal=req.finished())
 
-    def before_chunked_abort(self, scheduler: Any, req: Any) -> None:
+    def before_chunked_abort(self, scheduler: Scheduler, req: Req) -> None:
         """A chunked prefill is being cancelled (§7.7): its last pass ran but was never stashed.
 
         Commit that pass and publish the endpoint there before SGLang frees the row; SGLang then
@@ -81,30 +120,30 @@ class Publisher:
             return
         self._checkpoint(req, end, terminal=True)
 
-    def _checkpoint(self, req: Any, up_to: int, *, terminal: bool) -> None:
+    def _checkpoint(self, req: Req, up_to: int, *, terminal: bool) -> None:
         finished = terminal
-        if self.disable or req.lock is None or getattr(req, ATTR, None) is None:
+        if self.cache.disable or req.lock is None or getattr(req, ATTR, None) is None:
             if finished:
-                self._free_state_slot(req)
+                self.cache.free_state_slot(req)
             return
         handle: MatchHandle = req.lock.node
         lane = handle.lane
         state: ReqState = getattr(req, ATTR)
         if lane is None or lane.closed:
             if finished:
-                self._free_state_slot(req)
+                self.cache.free_state_slot(req)
             return
         if not state.sources_unpinned:
             # The first pass has run: SGLang's copy-on-write and our tail copy are done.
-            self.index.unpin_sources(lane)
+            self.cache.index.unpin_sources(lane)
             state.sources_unpinned = True
             missed = state.best_frontier - handle.prefix_len
             if missed > 0:  # a tier held a deeper state than this request resumed from
                 self.skips.note("recomputed_held", f"{req.rid}: {missed} tokens")
                 self.skips.recomputed_tokens += missed
-            if self.metrics is not None:  # the hit is final once the first pass has run
+            if self.cache.metrics is not None:  # the hit is final once the first pass has run
                 host = min(state.restored_tokens, handle.prefix_len)
-                self.metrics.count_prompt(
+                self.cache.metrics.count_prompt(
                     handle.prefix_len - host, host, max(0, state.n_prompt - handle.prefix_len)
                 )
         row = self.req_to_token_pool.req_to_token[req.kv.req_pool_idx]
@@ -122,9 +161,9 @@ class Publisher:
         else:
             self._publish_taps(req, state, lane, key, row, up_to)
         req.kv.cache_protected_len = max(req.kv.cache_protected_len, protected)
-        self._free_dropped()
+        self.cache.free_dropped()
 
-    def _commit(self, lane: Any, key: Any, row: torch.Tensor, up_to: int) -> None:
+    def _commit(self, lane: Lane, key: PromptKey, row: torch.Tensor, up_to: int) -> None:
         start = len(lane.path)
         end = up_to // BLOCK_TOKENS
         if end <= start:
@@ -137,7 +176,7 @@ class Publisher:
 
         dups = [
             (b, node)
-            for b, node, kind in self.index.commit(lane, key, up_to, device_of)
+            for b, node, kind in self.cache.index.commit(lane, key, up_to, device_of)
             if kind is CommitKind.DUPLICATE
         ]
         if dups:
@@ -145,17 +184,17 @@ class Publisher:
             blocks = torch.tensor([b for b, _ in dups], device=row.device)
             offs = torch.arange(BLOCK_TOKENS, device=row.device)
             pos = (blocks[:, None] * BLOCK_TOKENS + offs[None, :]).reshape(-1)
-            self.token_to_kv_pool_allocator.free(row[pos].to(torch.int64))
+            self.allocator.free(row[pos].to(torch.int64))
             row[pos] = handles_to_slots((n.device for _, n in dups), row.device).to(row.dtype)
 
     def _publish_taps(
-        self, req: Any, state: ReqState, lane: Any, key: Any, row: torch.Tensor, up_to: int
+        self, req: Req, state: ReqState, lane: Lane, key: PromptKey, row: torch.Tensor, up_to: int
     ) -> None:
         """A chunk ended at ``up_to``: take the exact tap there or flexible taps it reached.
 
         Under overlap scheduling the next batch may already have advanced the live state, so
         nothing is copied here: the pass's end was captured as it ran (``reserve_inpass``)."""
-        if self.overlap:
+        if self.cache.overlap:
             return
         due = state.due_at(up_to)
         if not due:
@@ -165,7 +204,7 @@ class Publisher:
         self._take_snapshot(req, lane, key, row, up_to, kind, demand, origin)
 
     # ---------------------------------------------------------------- in-pass taps
-    def reserve_inpass(self, req: Any, start: int, end: int) -> None:
+    def reserve_inpass(self, req: Req, start: int, end: int) -> None:
         """Before the pass [start, end): a staging slot for each tap captured as part of it,
         handed to the model worker as ``req.hybrid_state_taps`` (``cpu/taps.py``): taps on its
         grid inside it (zero-split) and, under overlap scheduling, the tap at its end, which
@@ -179,46 +218,46 @@ class Publisher:
         lane = handle.lane
         if lane is None or lane.closed:
             return
-        self._cancel_inpass(handle)  # a previous pass's leftovers (never the case normally)
-        if not self._slot_ids:  # the snapshot slots are not reserved again yet (after a flush)
+        self.cancel_inpass(handle)  # a previous pass's leftovers (never the case normally)
+        if not self.cache.slots_reserved:  # not reserved again yet (after a flush)
             return
         for p in state.capturable(start, end):
             kind, demand, origin = _realised(state, [p])
             self._reserve_staged(req, handle, state, lane, p, kind, demand, origin)
-        if self.overlap:
+        if self.cache.overlap:
             due = state.due_at(end, {t.position for t in handle.inpass})
             if due:
                 kind, demand, origin = _realised(state, due)
                 self._reserve_staged(req, handle, state, lane, end, kind, demand, origin, due)
-        setattr(req, TAPS_ATTR, [(t.position, self.slot_id(t.slot)) for t in handle.inpass])
+        setattr(req, TAPS_ATTR, [(t.position, self.cache.slot_id(t.slot)) for t in handle.inpass])
         setattr(req, TAPS_DONE_ATTR, [])
-        self._free_dropped()  # a slot's victim may have left a tail's pages to hand back
+        self.cache.free_dropped()  # a slot's victim may have left a tail's pages to hand back
 
     def _reserve_staged(
         self,
-        req: Any,
+        req: Req,
         handle: MatchHandle,
         state: ReqState,
-        lane: Any,
+        lane: Lane,
         p: int,
         kind: SnapshotKind,
         demand: int,
         origin: int,
         covers: list[int] | None = None,
     ) -> None:
-        slot = self.index.reserve_slot(lane, p, kind, demand)
+        slot = self.cache.index.reserve_slot(lane, p, kind, demand)
         if slot is None:
             self.skips.note("tap_no_slot", f"{req.rid} at {p}")
             state.taken.update((p, *(covers or ())))
             return
         handle.inpass.append(InPassTap(p, slot, kind, demand, tuple(covers or ()), origin))
 
-    def capture_pass_ends(self, batch: Any) -> None:
+    def capture_pass_ends(self, batch: ScheduleBatch | None) -> None:
         """Right after an extend pass was launched (overlap scheduling): copy each request's live
         state into the slot reserved for the tap at its pass's end. The copy is ordered after
         this pass and before the next one (the forward stream, ``DevicePools.stream``); the
         checkpoint that publishes it may come after the next batch advanced the live state."""
-        if not self.overlap or batch is None or not batch.forward_mode.is_extend():
+        if not self.cache.overlap or batch is None or not batch.forward_mode.is_extend():
             return
         for req in batch.reqs:
             taps = getattr(req, TAPS_ATTR, None)
@@ -233,11 +272,11 @@ class Publisher:
 
     def _settle_inpass(
         self,
-        req: Any,
+        req: Req,
         handle: MatchHandle,
         state: ReqState,
-        lane: Any,
-        key: Any,
+        lane: Lane,
+        key: PromptKey,
         row: torch.Tensor,
         up_to: int,
     ) -> None:
@@ -247,7 +286,7 @@ class Publisher:
         setattr(req, TAPS_ATTR, None)
         for t in taps:
             if t.position not in done or t.position > up_to or not _committed(lane, t.position):
-                self.index.cancel_slot(t.slot, lane, t.position, t.kind)
+                self.cache.index.cancel_slot(t.slot, lane, t.position, t.kind)
                 continue
             state.taken.add(t.position)
             state.taken.update(t.covers)
@@ -256,7 +295,7 @@ class Publisher:
                 tail = self._copy_request_tail(row, t.position)
                 if tail is None:
                     self.skips.note("tap_no_tail_page", f"{req.rid} at {t.position}")
-                    self.index.cancel_slot(t.slot, lane, t.position, t.kind)
+                    self.cache.index.cancel_slot(t.slot, lane, t.position, t.kind)
                     continue
             s = self._publish_staged(
                 lane, key, t.position, t.slot, t.kind, tail, t.demand, t.origin
@@ -264,42 +303,43 @@ class Publisher:
             if s is not None and not t.covers:  # captured inside the pass, not at its end
                 self.taps_in_pass += 1
 
-    def _cancel_inpass(self, handle: MatchHandle) -> None:
+    def cancel_inpass(self, handle: MatchHandle) -> None:
         taps, handle.inpass = handle.inpass, []
         for t in taps:
-            self.index.cancel_slot(t.slot, handle.lane, t.position, t.kind)
+            self.cache.index.cancel_slot(t.slot, handle.lane, t.position, t.kind)
 
     def _take_snapshot(
         self,
-        req: Any,
-        lane: Any,
-        key: Any,
+        req: Req,
+        lane: Lane,
+        key: PromptKey,
         row: torch.Tensor,
         frontier: int,
         kind: SnapshotKind,
         demand: int = 0,
         origin: int = 0,
     ) -> Snapshot | None:
-        if not self._slot_ids or not _committed(lane, frontier):
+        if not self.cache.slots_reserved or not _committed(lane, frontier):
             return None  # no slots (after a flush, until reserved again), or blocks not committed
         tail = self._copy_request_tail(row, frontier) if frontier % BLOCK_TOKENS else None
         if frontier % BLOCK_TOKENS and tail is None:
             # No KV room for the tail even after evicting: skip the tap (§9.2: optional).
             self.skips.note("tap_no_tail_page", f"{req.rid} at {frontier}")
             return None
-        slot = self.index.reserve_slot(lane, frontier, kind, demand)
+        slot = self.cache.index.reserve_slot(lane, frontier, kind, demand)
         if slot is None:
             self.skips.note("tap_no_slot", f"{req.rid} at {frontier}")
             if tail is not None:
-                self.token_to_kv_pool_allocator.free(tail)
+                self.allocator.free(tail)
             return None
-        self.pools.copy_state(req.lock.node.slot_of(req), self.slot_id(slot))
+        assert req.lock is not None  # (via _checkpoint, which returns early without a lock)
+        self.pools.copy_state(req.lock.node.slot_of(req), self.cache.slot_id(slot))
         return self._publish_staged(lane, key, frontier, slot, kind, tail, demand, origin)
 
     def _publish_staged(
         self,
-        lane: Any,
-        key: Any,
+        lane: Lane,
+        key: PromptKey,
         frontier: int,
         slot: int,
         kind: SnapshotKind,
@@ -308,7 +348,7 @@ class Publisher:
         origin: int = 0,
     ) -> Snapshot | None:
         """Publish the state staged in ``slot`` (and ``tail``, a cache-owned KV copy)."""
-        s = self.index.publish(
+        s = self.cache.index.publish(
             lane,
             key,
             frontier,
@@ -320,9 +360,9 @@ class Publisher:
             origin=origin,
         )
         if s is None and tail is not None:  # a duplicate: the tail copy stays ours to free
-            self.token_to_kv_pool_allocator.free(tail)
-        if s is not None and self.host is not None:
-            self.host.write_snapshot(s, self.slot_id(slot), lane)
+            self.allocator.free(tail)
+        if s is not None and self.cache.host_tier is not None:
+            self.cache.host_tier.write_snapshot(s, self.cache.slot_id(slot), lane)
         return s
 
     def _copy_request_tail(self, row: torch.Tensor, frontier: int) -> torch.Tensor | None:
@@ -335,7 +375,7 @@ class Publisher:
         """
         base = BLOCK_TOKENS * (frontier // BLOCK_TOKENS)
         need = ceil_to(frontier, self.page_size) - base
-        dst = alloc_evicting(self.token_to_kv_pool_allocator, need, self._evict_for)
+        dst = alloc_evicting(self.allocator, need, self.cache.evict_tokens)
         if dst is None:
             return None
         t = frontier - base
@@ -343,7 +383,7 @@ class Publisher:
         return dst
 
     def _finish(
-        self, req: Any, lane: Any, key: Any, row: torch.Tensor, up_to: int, protected: int
+        self, req: Req, lane: Lane, key: PromptKey, row: torch.Tensor, up_to: int, protected: int
     ) -> int:
         """Terminal settlement (§7.7): the endpoint takes the state slot and the partial page."""
         f = up_to
@@ -356,20 +396,20 @@ class Publisher:
         # it ahead of the KV the request keeps, and then there is no exact endpoint to publish.
         if (
             lane.enabled
-            and self._slot_ids
+            and self.cache.slots_reserved
             and _committed(lane, f)
             and f == live
             and f >= gap
             and f - self._deepest(lane, f) >= gap
         ):
-            slot = self.index.reserve_slot(lane, f, SnapshotKind.ENDPOINT)
+            slot = self.cache.index.reserve_slot(lane, f, SnapshotKind.ENDPOINT)
             if slot is not None:
                 base = BLOCK_TOKENS * (f // BLOCK_TOKENS)
                 tail_end = ceil_to(f, self.page_size)
                 tail = None
                 if f % BLOCK_TOKENS:
                     tail = slots_to_handle(self._page_slots(row, base, tail_end))
-                s = self.index.publish(
+                s = self.cache.index.publish(
                     lane,
                     key,
                     f,
@@ -380,19 +420,16 @@ class Publisher:
                 )
                 if s is not None:
                     # The state slot becomes the snapshot's; the slot it displaced goes back.
-                    old = self._slot_ids[slot]
-                    self._slot_ids[slot] = req.lock.node.slot_of(req)
-                    self.mamba_allocator.free(
-                        torch.tensor([old], dtype=torch.int64, device=self.device)
-                    )
+                    assert req.lock is not None  # as in _take_snapshot
+                    self.cache.swap_state_slot(slot, req.lock.node.slot_of(req))
                     req.kv.mamba_pool_idx = None
                     took_slot = True
                     if tail is not None:
                         protected = tail_end  # the tail's pages are the cache's now
-                    if self.host is not None:
-                        self.host.write_snapshot(s, self._slot_ids[slot], lane)
+                    if self.cache.host_tier is not None:
+                        self.cache.host_tier.write_snapshot(s, self.cache.slot_id(slot), lane)
         if not took_slot:
-            self._free_state_slot(req)
+            self.cache.free_state_slot(req)
         return protected
 
     def _page_slots(self, row: torch.Tensor, begin: int, end: int) -> torch.Tensor:
@@ -404,7 +441,7 @@ class Publisher:
         return (firsts[:, None] + offs[None, :]).reshape(-1)
 
     @staticmethod
-    def _deepest(lane: Any, f: int) -> int:
+    def _deepest(lane: Lane, f: int) -> int:
         """Frontier of the deepest snapshot on the lane's path below ``f`` (0: none)."""
         best = lane.resumed_from.frontier if lane.resumed_from is not None else 0
         if lane.last_tap is not None:
@@ -416,17 +453,3 @@ class Publisher:
                 if s.frontier < f:
                     best = max(best, s.frontier)
         return best
-
-    def _free_state_slot(self, req: Any) -> None:
-        if req.kv.holds_mamba:
-            self.mamba_allocator.free(req.kv.mamba_pool_idx.reshape(1).to(torch.int64))
-            req.kv.mamba_pool_idx = None
-
-    def _free_dropped(self) -> None:
-        """Return the device pages the index dropped to SGLang's allocator, in one call."""
-        free_dropped(self.token_to_kv_pool_allocator, self.index.drain_freed_device(), self.device)
-
-    def _evict_for(self, tokens: int) -> None:
-        """Evict cached blocks (device LRU) for ``tokens`` and hand their pages back."""
-        self.index.evict_device(tokens)
-        self._free_dropped()

@@ -13,6 +13,7 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TextIO
 
 from ..index.snapshot import SnapshotKind
 from .cache_file import SUM, CacheFileError, read_cache_file, tmp_path, verify_slabs
@@ -20,11 +21,11 @@ from .cache_file import SUM, CacheFileError, read_cache_file, tmp_path, verify_s
 MiB = 1 << 20
 
 
-def inspect(path: Path, out: object = None) -> int:
+def inspect(path: Path, out: TextIO | None = None) -> int:
     w = out if out is not None else sys.stdout
 
     def say(line: str = "") -> None:
-        print(line, file=w)  # type: ignore[arg-type]
+        print(line, file=w)
 
     try:
         cf = read_cache_file(path)

@@ -9,7 +9,8 @@ slots; it decides nothing.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol, cast
 
 import numpy as np
 import torch
@@ -20,26 +21,58 @@ def slots_to_handle(slots: torch.Tensor) -> bytes:
     return slots.to(device="cpu", dtype=torch.int32).numpy().tobytes()
 
 
-def handle_to_slots(handle: bytes, device: torch.device | str) -> torch.Tensor:
+# The index keeps device handles opaque (``object``: ``BlockNode.device``, ``tail_device``); every
+# handle this package gives it is made by ``slots_to_handle``, so the converters below take what
+# the index hands back and read it as those bytes.
+
+
+def handle_to_slots(handle: object, device: torch.device | str) -> torch.Tensor:
     """Slot ids of a handle as int64 on ``device``: the pool's device for anything handed to
     SGLang's pools and allocators, ``"cpu"`` only for copy metadata (``store.transfer``)."""
     if not handle:
         return torch.empty(0, dtype=torch.int64, device=device)
-    out = torch.from_numpy(np.frombuffer(handle, dtype=np.int32).astype(np.int64))
+    data = cast(bytes, handle)  # a slots_to_handle handle (see above)
+    out = torch.from_numpy(np.frombuffer(data, dtype=np.int32).astype(np.int64))
     return out.to(device, non_blocking=True)  # a no-op on the CPU
 
 
-def handles_to_slots(handles: Iterable[bytes], device: torch.device | str) -> torch.Tensor:
-    return handle_to_slots(b"".join(list(handles)), device)
+def handles_to_slots(handles: Iterable[object], device: torch.device | str) -> torch.Tensor:
+    """The slots of several handles, concatenated (one ``b"".join``)."""
+    return handle_to_slots(b"".join(cast(list[bytes], list(handles))), device)  # (see above)
+
+
+class MambaState(Protocol):
+    """What is read of SGLang's ``MambaPool.State``: per-layer-group conv tensors and the
+    recurrent (temporal) tensor, ``[linear layers, slots, ...]`` each."""
+
+    @property
+    def conv(self) -> Sequence[torch.Tensor]: ...
+    @property
+    def temporal(self) -> torch.Tensor: ...
+
+
+class MambaPoolLike(Protocol):
+    """What is used of SGLang's ``MambaPool``."""
+
+    @property
+    def mamba_cache(self) -> MambaState: ...
+    def copy_from(self, src_indices: torch.Tensor, dst_indices: torch.Tensor) -> object: ...
 
 
 class DevicePools:
     """SGLang's device pools seen as byte stores: the KV pool and the MambaPool."""
 
-    def __init__(self, kv_pool: object, mamba_pool: object, device: torch.device | str) -> None:
+    def __init__(
+        self,
+        # SGLang's KV pool: a plain MHA pool or a hybrid one whose full_kv_pool holds the buffers
+        kv_pool: Any,
+        mamba_pool: MambaPoolLike,
+        device: torch.device | str,
+    ) -> None:
         self.kv_pool = kv_pool
         self.mamba_pool = mamba_pool
-        self.device = device
+        # a torch.device whatever was passed: HostTier's copy queue reads device.type
+        self.device = torch.device(device)
         # The CUDA stream the copies are enqueued on (None: the current one). Under overlap
         # scheduling it is SGLang's forward stream, which orders them between passes.
         self.stream: torch.cuda.Stream | None = None

@@ -15,6 +15,8 @@ from ..index.host_slabs import HostSlabPool
 
 
 class HostMemory:
+    pool: HostSlabPool  # (declared here: rebind, defined first, reads it)
+
     def rebind(self, pool: HostSlabPool) -> None:
         """Serve a fresh index's slab pool from the same bytes (a cache reset keeps them)."""
         if (pool.n_slabs, pool.slab_bytes) != (self.pool.n_slabs, self.pool.slab_bytes):

@@ -17,6 +17,7 @@ event per layer; on the CPU the copies are synchronous and every wait returns at
 from __future__ import annotations
 
 from collections.abc import Sequence
+from types import ModuleType
 from typing import NamedTuple
 
 import torch
@@ -68,7 +69,7 @@ def _consecutive(slots: torch.Tensor) -> bool:
     )
 
 
-def _kernel_ext(staging: str, on_cuda: bool) -> object | None:
+def _kernel_ext(staging: str, on_cuda: bool) -> ModuleType | None:
     """``sgl_kernel_ext`` when block copies should go through a staging buffer: ``"auto"`` on a
     GPU whose extension is built, ``"always"`` wherever the package imports (on the CPU its torch
     references run: tests), ``"never"``."""
@@ -133,7 +134,8 @@ class SlabCopier:
         """Device blocks -> staging (one launch) -> host slabs (one copy per slab run)."""
         staging = self._staging_for(len(items))
         slots = torch.stack([it.slots for it in items])
-        self.kx.kv_blocks_to_staging(self.kv_buffers, slots, staging, layout=self.layout)  # type: ignore[attr-defined]
+        assert self.kx is not None  # only staged copies (staged(): kx is not None) come here
+        self.kx.kv_blocks_to_staging(self.kv_buffers, slots, staging, layout=self.layout)
         return self._slab_runs(items, staging, to_host=True)
 
     def stage_in(self, items: Sequence[BlockCopy]) -> torch.Tensor:
@@ -144,8 +146,9 @@ class SlabCopier:
 
     def scatter(self, items: Sequence[BlockCopy], staging: torch.Tensor, layer: int) -> int:
         slots = torch.stack([it.slots for it in items])
+        assert self.kx is not None  # as in stage_out
         return int(
-            self.kx.staging_to_kv_blocks(  # type: ignore[attr-defined]
+            self.kx.staging_to_kv_blocks(
                 staging, self.kv_buffers, slots, layout=self.layout, layers=[layer]
             )
         )
@@ -252,7 +255,7 @@ class TransferBatch:
         self.tails: list[BlockCopy] = []
         self.images: list[tuple[int, Sequence[int]]] = []
         self.bytes = 0
-        self._events: dict[int, object] = {}
+        self._events: dict[int, torch.cuda.Event] = {}
 
     def add_blocks(self, items: Sequence[BlockCopy]) -> None:
         self.blocks.extend(items)
@@ -297,4 +300,4 @@ class TransferBatch:
         """Make the current stream wait for layer ``pos`` of the forward order (CPU: no-op)."""
         ev = self._events.get(pos)
         if ev is not None:
-            torch.cuda.current_stream().wait_event(ev)  # type: ignore[attr-defined]
+            torch.cuda.current_stream().wait_event(ev)

@@ -4,6 +4,7 @@
 - ``sessions``: our own JSONL format with token ids, sessions, turns, dependencies, scripted
   answers and tap hints (``load_sessions`` / ``write_sessions``).
 - ``shared_prefix``: the shape of SGLang bench_serving's ``generated-shared-prefix`` dataset.
+- ``lines``: one JSON line decoded into a ``msgspec.Struct`` (the loaders' field checks).
 
 Malformed input raises ``sglang_hybrid.replay.errors.TraceFormatError`` (file, line, reason).
 """

@@ -4,8 +4,9 @@ Contract: ``load_mooncake(path, seed=0, limit=None, time_scale=1.0) -> Trace``.
 - One JSON object per line: ``timestamp`` (ms, >= 0), ``input_length`` (>= 1),
   ``output_length`` (>= 1), ``hash_ids`` (non-negative ints, one per 512-token block, the last
   block holding ``input_length - 512 * (len(hash_ids) - 1)`` tokens, between 1 and 512).
-  Blank lines are skipped; anything else that breaks these rules raises ``TraceFormatError`` with
-  the file, the 1-based line and the reason.
+  Other fields are ignored and blank lines skipped; anything else that breaks these rules raises
+  ``TraceFormatError`` with the file, the 1-based line and the reason (the field and the value
+  found there for a bad field: ``lines.decode_line``).
 - Every hash id stands for the same 512 token ids wherever it occurs (``hashed_tokens(seed, id)``,
   ids inside the tiny vocabulary), a full last block included. A partial last block is
   the request's own: its tokens come from a stream keyed by the line, not by the hash id, so it is
@@ -16,48 +17,39 @@ Contract: ``load_mooncake(path, seed=0, limit=None, time_scale=1.0) -> Trace``.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
+from typing import Annotated
 
+import msgspec
 import numpy as np
 
 from ..errors import TraceFormatError
 from ..tokens import hashed_tokens
 from ..trace import Trace, TraceRequest
+from .lines import decode_line
 
 BLOCK_TOKENS = 512
 _PRIVATE = 1 << 62  # streams at or above this are a request's own partial last block
-_FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
 
 
-def _int(value: object, name: str, low: int, path: Path, line: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise TraceFormatError(path, line, f"{name} must be an integer >= {low}, got {value!r}")
-    return value
+class _Line(msgspec.Struct):
+    """One line's fields and their bounds (other fields are ignored)."""
+
+    timestamp: Annotated[float, msgspec.Meta(ge=0)]
+    input_length: Annotated[int, msgspec.Meta(ge=1)]
+    output_length: Annotated[int, msgspec.Meta(ge=1)]
+    hash_ids: Annotated[
+        list[Annotated[int, msgspec.Meta(ge=0, lt=_PRIVATE)]], msgspec.Meta(min_length=1)
+    ]
 
 
-def _parse(text: str, path: Path, line: int) -> tuple[float, int, int, list[int]]:
-    try:
-        obj = json.loads(text)
-    except ValueError as e:
-        raise TraceFormatError(path, line, f"not JSON: {e}") from None
-    if not isinstance(obj, dict):
-        raise TraceFormatError(path, line, f"expected a JSON object, got {type(obj).__name__}")
-    missing = [f for f in _FIELDS if f not in obj]
-    if missing:
-        raise TraceFormatError(path, line, f"missing field(s) {', '.join(missing)}")
-    ts = obj["timestamp"]
-    if isinstance(ts, bool) or not isinstance(ts, int | float) or not ts >= 0:
-        raise TraceFormatError(path, line, f"timestamp must be a number >= 0, got {ts!r}")
-    n = _int(obj["input_length"], "input_length", 1, path, line)
-    out = _int(obj["output_length"], "output_length", 1, path, line)
-    ids = obj["hash_ids"]
-    if not isinstance(ids, list) or not ids:
-        raise TraceFormatError(path, line, "hash_ids must be a non-empty list")
-    for h in ids:
-        if isinstance(h, bool) or not isinstance(h, int) or not 0 <= h < _PRIVATE:
-            raise TraceFormatError(path, line, f"hash id {h!r} is not an integer in [0, 2**62)")
+_DECODER = msgspec.json.Decoder(_Line)
+
+
+def _parse(text: str, path: Path, line: int) -> _Line:
+    row = decode_line(_DECODER, text, path, line)
+    n, ids = row.input_length, row.hash_ids
     last = n - BLOCK_TOKENS * (len(ids) - 1)
     if not 1 <= last <= BLOCK_TOKENS:
         raise TraceFormatError(
@@ -66,7 +58,7 @@ def _parse(text: str, path: Path, line: int) -> tuple[float, int, int, list[int]
             f"{len(ids)} hash blocks cannot hold input_length {n} "
             f"(the last block would hold {last} tokens; expected 1..{BLOCK_TOKENS})",
         )
-    return float(ts), n, out, ids
+    return row
 
 
 def load_mooncake(
@@ -88,7 +80,8 @@ def load_mooncake(
                 break
             if not text.strip():
                 continue
-            ts, n, out, ids = _parse(text, p, line_no)
+            row = _parse(text, p, line_no)
+            n, ids = row.input_length, row.hash_ids
             parts = []
             for h in ids[:-1]:
                 b = blocks.get(h)
@@ -107,8 +100,8 @@ def load_mooncake(
                 TraceRequest(
                     rid=f"mc{line_no}",
                     input_ids=np.concatenate(parts),
-                    output_len=out,
-                    arrival_s=ts / 1000.0 * time_scale,
+                    output_len=row.output_length,
+                    arrival_s=row.timestamp / 1000.0 * time_scale,
                     tag="mooncake",
                 )
             )

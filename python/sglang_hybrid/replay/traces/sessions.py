@@ -20,8 +20,9 @@ tag            no        what the request is (tool_step, retry, subagent, ...)
 =============  ========  ==================================================================
 
 ``load_sessions(path)`` raises ``TraceFormatError`` (file, 1-based line, reason) on the first
-malformed line; blank lines are skipped. ``write_sessions(trace, path)`` writes a trace so that
-``load_sessions`` reads it back equal.
+malformed line; blank lines are skipped. Types and single-field bounds are the ``_Line`` struct's,
+checked by msgspec as it decodes (``lines.py``); checks across fields and lines follow it.
+``write_sessions(trace, path)`` writes a trace so that ``load_sessions`` reads it back equal.
 """
 
 from __future__ import annotations
@@ -30,129 +31,107 @@ import json
 import os
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
+import msgspec
 import numpy as np
+from msgspec import UNSET, Meta, UnsetType
 
 from ..errors import TraceFormatError
 from ..tokens import VOCAB_SIZE
 from ..trace import HINT_KINDS, Trace, TraceRequest
+from .lines import decode_line
 
-_KNOWN = {
-    "rid",
-    "input_ids",
-    "output_ids",
-    "output_length",
-    "arrival_ms",
-    "after",
-    "delay_ms",
-    "session",
-    "turn",
-    "hints",
-    "tag",
-}
+_Name = Annotated[str, Meta(min_length=1)]
+_Ids = Annotated[list[int], Meta(min_length=1)]  # the vocabulary bound is checked with numpy
+_Ms = Annotated[float, Meta(ge=0)]
 
 
-class _Line:
-    """Field checks for one line; every failure names the line."""
+class _Hints(msgspec.Struct, forbid_unknown_fields=True):
+    positions: list[int] = []
+    kinds: list[str] = []
 
-    def __init__(self, path: Path, line: int, obj: dict[str, Any]) -> None:
-        self.path, self.line, self.obj = path, line, obj
 
-    def fail(self, reason: str) -> TraceFormatError:
-        return TraceFormatError(self.path, self.line, reason)
+class _Line(msgspec.Struct, forbid_unknown_fields=True):
+    """One line's fields, types and single-field bounds (UNSET: the field is absent)."""
 
-    def tokens(self, name: str) -> np.ndarray:
-        v = self.obj[name]
-        if not isinstance(v, list) or not v:
-            raise self.fail(f"{name} must be a non-empty list of token ids")
-        if not all(isinstance(t, int) and not isinstance(t, bool) for t in v):
-            raise self.fail(f"{name} must hold integers only")
+    rid: _Name
+    input_ids: _Ids
+    output_ids: _Ids | UnsetType = UNSET
+    output_length: Annotated[int, Meta(ge=1)] | UnsetType = UNSET
+    arrival_ms: _Ms | UnsetType = UNSET
+    after: str | Annotated[list[str], Meta(min_length=1)] | UnsetType = UNSET
+    delay_ms: _Ms | UnsetType = UNSET
+    session: _Name | UnsetType = UNSET
+    turn: Annotated[int, Meta(ge=0)] | UnsetType = UNSET
+    hints: _Hints | UnsetType = UNSET
+    tag: _Name | UnsetType = UNSET
+
+
+_DECODER = msgspec.json.Decoder(_Line)
+
+
+def _request(row: _Line, seen: set[str], path: Path, line: int) -> TraceRequest:
+    """The checks across fields and lines; ``row`` passed the per-field ones."""
+
+    def fail(reason: str) -> TraceFormatError:
+        return TraceFormatError(path, line, reason)
+
+    def tokens(v: list[int], name: str) -> np.ndarray:
         arr = np.asarray(v, dtype=np.int64)
         if arr.min() < 0 or arr.max() >= VOCAB_SIZE:
             bad = int(arr[(arr < 0) | (arr >= VOCAB_SIZE)][0])
-            raise self.fail(f"{name}: token id {bad} outside the vocabulary [0, {VOCAB_SIZE})")
+            raise fail(f"{name}: token id {bad} outside the vocabulary [0, {VOCAB_SIZE})")
         return arr.astype(np.int32)
 
-    def number(self, name: str) -> float:
-        v = self.obj[name]
-        if isinstance(v, bool) or not isinstance(v, int | float) or not v >= 0:
-            raise self.fail(f"{name} must be a number >= 0, got {v!r}")
-        return float(v)
-
-    def integer(self, name: str, low: int) -> int:
-        v = self.obj[name]
-        if isinstance(v, bool) or not isinstance(v, int) or v < low:
-            raise self.fail(f"{name} must be an integer >= {low}, got {v!r}")
-        return v
-
-    def string(self, name: str) -> str:
-        v = self.obj[name]
-        if not isinstance(v, str) or not v:
-            raise self.fail(f"{name} must be a non-empty string, got {v!r}")
-        return v
-
-
-def _request(p: _Line, seen: set[str]) -> TraceRequest:
-    obj = p.obj
-    unknown = sorted(set(obj) - _KNOWN)
-    if unknown:
-        raise p.fail(f"unknown field(s) {', '.join(unknown)}")
-    for name in ("rid", "input_ids"):
-        if name not in obj:
-            raise p.fail(f"missing field {name}")
-    rid = p.string("rid")
-    if rid in seen:
-        raise p.fail(f"duplicate rid {rid!r}")
-    ids = p.tokens("input_ids")
-    if ("output_ids" in obj) == ("output_length" in obj):
-        raise p.fail("give exactly one of output_ids and output_length")
-    script = p.tokens("output_ids") if "output_ids" in obj else None
-    out_len = len(script) if script is not None else p.integer("output_length", 1)
-    if ("arrival_ms" in obj) == ("after" in obj):
-        raise p.fail("give exactly one of arrival_ms (open loop) and after (closed loop)")
-    arrival = p.number("arrival_ms") / 1000.0 if "arrival_ms" in obj else None
+    if row.rid in seen:
+        raise fail(f"duplicate rid {row.rid!r}")
+    ids = tokens(row.input_ids, "input_ids")
+    if (row.output_ids is UNSET) == (row.output_length is UNSET):
+        raise fail("give exactly one of output_ids and output_length")
+    script: np.ndarray | None = None
+    if row.output_ids is not UNSET:
+        script = tokens(row.output_ids, "output_ids")
+        out_len = len(script)
+    elif row.output_length is not UNSET:
+        out_len = row.output_length
+    if (row.arrival_ms is UNSET) == (row.after is UNSET):
+        raise fail("give exactly one of arrival_ms (open loop) and after (closed loop)")
+    arrival = None if row.arrival_ms is UNSET else row.arrival_ms / 1000.0
     after: tuple[str, ...] = ()
-    if "after" in obj:
-        raw = obj["after"]
-        after = (raw,) if isinstance(raw, str) else tuple(raw) if isinstance(raw, list) else ()
-        if not after or not all(isinstance(a, str) for a in after):
-            raise p.fail("after must be a rid or a non-empty list of rids")
+    if row.after is not UNSET:
+        after = (row.after,) if isinstance(row.after, str) else tuple(row.after)
         missing = [a for a in after if a not in seen]
         if missing:
-            raise p.fail(f"after names {missing}, which no earlier line defines")
-    elif "delay_ms" in obj:
-        raise p.fail("delay_ms needs after")
-    delay = p.number("delay_ms") / 1000.0 if "delay_ms" in obj else 0.0
+            raise fail(f"after names {missing}, which no earlier line defines")
+    elif row.delay_ms is not UNSET:
+        raise fail("delay_ms needs after")
     positions: tuple[int, ...] = ()
     kinds: tuple[str, ...] = ()
-    if "hints" in obj:
-        h = obj["hints"]
-        if not isinstance(h, dict) or set(h) - {"positions", "kinds"}:
-            raise p.fail('hints must be {"positions": [...], "kinds": [...]}')
-        pos, kd = h.get("positions", []), h.get("kinds", [])
-        if not isinstance(pos, list) or not isinstance(kd, list) or len(pos) != len(kd):
-            raise p.fail("hints.positions and hints.kinds must be lists of equal length")
+    if row.hints is not UNSET:
+        pos, kd = row.hints.positions, row.hints.kinds
+        if len(pos) != len(kd):
+            raise fail("hints.positions and hints.kinds must be lists of equal length")
         for q in pos:
-            if isinstance(q, bool) or not isinstance(q, int) or not 0 < q <= len(ids):
-                raise p.fail(f"hint position {q!r} outside (0, {len(ids)}]")
+            if not 0 < q <= len(ids):
+                raise fail(f"hint position {q!r} outside (0, {len(ids)}]")
         for k in kd:
             if k not in HINT_KINDS:
-                raise p.fail(f"hint kind {k!r} is not one of {', '.join(HINT_KINDS)}")
+                raise fail(f"hint kind {k!r} is not one of {', '.join(HINT_KINDS)}")
         positions, kinds = tuple(pos), tuple(kd)
     return TraceRequest(
-        rid=rid,
+        rid=row.rid,
         input_ids=ids,
         output_len=out_len,
         arrival_s=arrival,
         after=after,
-        delay_s=delay,
+        delay_s=0.0 if row.delay_ms is UNSET else row.delay_ms / 1000.0,
         output_ids=script,
         hint_positions=positions,
         hint_kinds=kinds,
-        session=p.string("session") if "session" in obj else None,
-        turn=p.integer("turn", 0) if "turn" in obj else None,
-        tag=p.string("tag") if "tag" in obj else "",
+        session=None if row.session is UNSET else row.session,
+        turn=None if row.turn is UNSET else row.turn,
+        tag="" if row.tag is UNSET else row.tag,
     )
 
 
@@ -167,13 +146,8 @@ def load_sessions(path: str | os.PathLike[str], *, limit: int | None = None) -> 
                 break
             if not text.strip():
                 continue
-            try:
-                obj = json.loads(text)
-            except ValueError as e:
-                raise TraceFormatError(src, line_no, f"not JSON: {e}") from None
-            if not isinstance(obj, dict):
-                raise TraceFormatError(src, line_no, "expected a JSON object")
-            req = _request(_Line(src, line_no, obj), seen)
+            row = decode_line(_DECODER, text, src, line_no)
+            req = _request(row, seen, src, line_no)
             seen.add(req.rid)
             requests.append(req)
     return Trace(name=src.stem, requests=requests, source=str(src))

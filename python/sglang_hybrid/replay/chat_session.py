@@ -1,4 +1,5 @@
-"""The embedded agent session ``make demo`` replays: a recorded coding-agent conversation.
+"""The embedded agent session ``make demo`` and ``replay live --trace demo-session`` send: a
+recorded coding-agent conversation as OpenAI chat requests (``live.chat_request``).
 
 One main agent and one subagent share a system prompt and six tool definitions (the preamble).
 The main agent reads a file, runs the tests, answers, is asked a follow-up, the user retries
@@ -19,7 +20,7 @@ import json
 import random
 from typing import Any
 
-from sglang_hybrid.replay.live import LiveRequest, chat_request
+from .live import LiveRequest, chat_request
 
 WORDS = [
     "cache",
