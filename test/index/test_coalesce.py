@@ -33,6 +33,38 @@ def test_the_earliest_deepest_sibling_is_found() -> None:
     assert inflight.sibling(key(base[:63])) is None  # no full block
 
 
+def test_sibling_is_the_earliest_deepest_sharer_by_brute_force() -> None:
+    """``add`` enters only the blocks no earlier prompt holds; every lookup still finds the
+    earliest prompt sharing the most full blocks, as comparing tokens one by one does."""
+    r = random.Random(11)
+    trunks = [[r.randrange(10, 5000) for _ in range(64 * 12)] for _ in range(3)]
+
+    def prompt() -> list[int]:
+        t = r.choice(trunks)
+        return t[: r.randrange(0, len(t))] + [
+            r.randrange(10, 5000) for _ in range(r.randrange(200))
+        ]
+
+    def full_shared(a: list[int], b: list[int]) -> int:
+        n = 0
+        while n < min(len(a), len(b)) and a[n] == b[n]:
+            n += 1
+        return n - n % 64
+
+    inflight: InflightPrefixes[int] = InflightPrefixes()
+    earlier: list[list[int]] = []
+    for i in range(150):
+        ids = prompt()
+        sib = inflight.sibling(key(ids))
+        best = max((full_shared(ids, e), -j) for j, e in enumerate(earlier)) if earlier else (0, 0)
+        if best[0] == 0:
+            assert sib is None
+        else:
+            assert sib is not None and (sib.shared, sib.owner) == (best[0], -best[1])
+        inflight.add(i, key(ids))
+        earlier.append(ids)
+
+
 def test_a_hash_collision_is_never_trusted() -> None:
     def constant(data: bytes, prev: int) -> int:  # every block collides
         return 42

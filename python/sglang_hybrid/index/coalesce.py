@@ -54,10 +54,20 @@ class InflightPrefixes(Generic[T]):
         self._first: dict[int, tuple[T, PromptKey]] = {}  # block hash -> first prompt holding it
 
     def add(self, owner: T, key: PromptKey) -> None:
-        """Index ``key``'s full blocks (earlier prompts keep their entries)."""
+        """Index ``key``'s full blocks (earlier prompts keep their entries).
+
+        Presence along one prompt's chained hashes is prefix-closed (a hash was entered with all
+        the hashes before it), so the blocks already held are a prefix, found by binary search,
+        and the rest are all new: one dict update instead of a setdefault per block (this runs
+        for every prompt in the admission window, every pass the window or the tree changed).
+        """
+        blocks = key.full_blocks
+        if not blocks:
+            return
         first = self._first
-        for h in key.ensure_hashes(key.full_blocks):
-            first.setdefault(h, (owner, key))
+        hashes = key.ensure_hashes(blocks)
+        held = _deepest(hashes, first.__contains__) if first else -1
+        first.update(dict.fromkeys(hashes[held + 1 :], (owner, key)))
 
     def sibling(self, key: PromptKey) -> Sibling | None:
         """The earlier prompt sharing the most full blocks with ``key`` (None: not one block)."""

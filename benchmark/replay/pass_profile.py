@@ -1,0 +1,257 @@
+"""CPU time inside the prefix cache per scheduler pass: ``hybrid`` against SGLang's ``no_buffer``.
+
+Usage (from the repository root):
+  python benchmark/replay/pass_profile.py [--trace mooncake:PATH] [--caches hybrid,no_buffer] \
+      [--budget-gib 32 --geometry qwen3-next-80b --device h200 --limit N] \
+      [--json docs/results/pass-profile.json]
+
+Replays the trace (default: the synthetic Mooncake trace at its own arrival times, which keeps a
+waiting queue of hundreds of requests for most of the run) through SGLang's real Scheduler once
+per cache, one after the other in this process, and measures for every scheduler pass (one
+``InProcessScheduler.step``) the wall time spent inside the cache's code:
+
+- every public method of the scheduler's ``tree_cache`` (our ``HybridRadixCache``; SGLang's
+  radix cache for ``no_buffer``), outermost call only (a method calling another counts once);
+- for ``hybrid`` also every hook our plugin registers with SGLang's ``HookRegistry`` (admission,
+  chunking, the waiting-queue coalescer, ...): BEFORE/AFTER/REPLACE hooks whole, AROUND hooks
+  without the SGLang function they wrap.
+
+Both include what the cache calls in SGLang (allocator frees, pool copies): that is cache work.
+The step's own wall time (scheduler + the replay worker) is reported beside it. Prints p50 / p99 /
+mean microseconds per pass and the total, the hybrid / no_buffer ratios, and writes the numbers
+to ``--json``. Timings are wall clock on a shared machine: run it on an idle one and compare the
+ratios, which are measured side by side in one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import functools
+import inspect
+import json
+import platform
+import shlex
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sglang_hybrid.replay import cli
+
+DEFAULT_TRACE = "mooncake:../shared/traces/mooncake_synthetic_trace.jsonl"
+
+
+class Meter:
+    """Wall time inside the cache's code, outermost entries only; ``pause`` lends time back."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.start = 0.0
+        self.total = 0.0
+        self.name = ""
+        self.by_name: dict[str, float] = {}  # outermost entry point -> seconds, whole run
+        # Our hooks pass straight through for SGLang's caches; that is not their cache's time.
+        self.hooks_count = True
+
+    def enter(self, name: str) -> None:
+        if self.depth == 0:
+            self.start = time.perf_counter()
+            self.name = name
+        self.depth += 1
+
+    def leave(self) -> None:
+        self.depth -= 1
+        if self.depth == 0:
+            dt = time.perf_counter() - self.start
+            self.total += dt
+            self.by_name[self.name] = self.by_name.get(self.name, 0.0) + dt
+
+    def timed(self, fn: Callable[..., Any], name: str) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            self.enter(name)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.leave()
+
+        return wrapper
+
+    def paused(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``fn`` run from inside the cache's code but not counted (the SGLang function an AROUND
+        hook wraps)."""
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            depth = self.depth
+            if depth:
+                dt = time.perf_counter() - self.start
+                self.total += dt
+                self.by_name[self.name] = self.by_name.get(self.name, 0.0) + dt
+                self.depth = 0
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.depth = depth
+                if depth:
+                    self.start = time.perf_counter()
+
+        return wrapper
+
+
+def time_plugin_hooks(meter: Meter) -> int:
+    """Wrap every hook of ours in SGLang's HookRegistry before it is applied; how many."""
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    from sglang_hybrid.sglang import plugin
+
+    plugin.register()
+    wrapped = 0
+    for target, hooks in HookRegistry._hooks.items():
+        for i, (kind, hook, src) in enumerate(hooks):
+            mod = getattr(hook, "__module__", "") or ""
+            if isinstance(hook, type) or not mod.startswith("sglang_hybrid.sglang"):
+                continue  # worker classes and the replay's own hooks are not cache code
+            name = f"hook {target.rsplit('.', 2)[-2]}.{target.rsplit('.', 1)[-1]} ({kind.value})"
+            hooks[i] = (kind, _timed_hook(meter, hook, kind is HookType.AROUND, name), src)
+            wrapped += 1
+        HookRegistry._hooks[target] = hooks
+    return wrapped
+
+
+def _timed_hook(meter: Meter, hook: Any, around: bool, name: str) -> Callable[..., Any]:
+    timed = meter.timed(hook, name)
+    if around:
+
+        def timed_around(original: Any, *a: Any, **k: Any) -> Any:
+            if not meter.hooks_count:
+                return hook(original, *a, **k)
+            return timed(meter.paused(original), *a, **k)
+
+        return timed_around
+
+    def timed_plain(*a: Any, **k: Any) -> Any:
+        return timed(*a, **k) if meter.hooks_count else hook(*a, **k)
+
+    return timed_plain
+
+
+def time_cache_methods(cache: Any, meter: Meter) -> list[str]:
+    """Wrap the public methods of one cache instance (instance attributes shadow the class's)."""
+    names = []
+    for name, attr in inspect.getmembers(type(cache)):
+        if name.startswith("_") or not inspect.isfunction(attr):
+            continue
+        setattr(cache, name, meter.timed(getattr(cache, name), f"cache.{name}"))
+        names.append(name)
+    return names
+
+
+def profile(cache: str, trace: Any, settings: Any, meter: Meter) -> dict[str, Any]:
+    from sglang_hybrid.cpu.loop import InProcessScheduler
+    from sglang_hybrid.replay.driver import replay
+
+    inside: list[float] = []
+    steps: list[float] = []
+    wrapped: list[str] = []
+    original = InProcessScheduler.step
+    meter.by_name = {}
+    meter.hooks_count = cache == "hybrid"
+
+    def step(self: InProcessScheduler, *, idle_check: bool = True) -> Any:
+        if not wrapped:
+            wrapped.extend(time_cache_methods(self.tree_cache, meter))
+        meter.total = 0.0
+        t0 = time.perf_counter()
+        try:
+            return original(self, idle_check=idle_check)
+        finally:
+            steps.append(time.perf_counter() - t0)
+            inside.append(meter.total)
+
+    InProcessScheduler.step = step  # type: ignore[method-assign]  # restored below
+    try:
+        result = replay(trace, cache, settings)
+    finally:
+        InProcessScheduler.step = original  # type: ignore[method-assign]  # the restore
+    us = np.asarray(inside) * 1e6
+    step_us = np.asarray(steps) * 1e6
+    s = result.summary()
+    return {
+        "cache": cache,
+        "passes": len(us),
+        "prefill_computed": s.prefill_tokens,
+        "cache_us_p50": float(np.percentile(us, 50)),
+        "cache_us_p99": float(np.percentile(us, 99)),
+        "cache_us_mean": float(us.mean()),
+        "cache_s_total": float(us.sum() / 1e6),
+        "step_us_p50": float(np.percentile(step_us, 50)),
+        "step_us_p99": float(np.percentile(step_us, 99)),
+        "step_s_total": float(step_us.sum() / 1e6),
+        "methods_timed": len(wrapped),
+        "top_entry_points_s": dict(sorted(meter.by_name.items(), key=lambda kv: -kv[1])[:12]),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--trace", default=DEFAULT_TRACE)
+    parser.add_argument("--caches", default="hybrid,no_buffer")
+    parser.add_argument("--json", type=Path, default=None, help="write the results here")
+    cli._engine_args(parser)
+    cli._trace_args(parser)
+    cli._budget_args(parser)
+    parser.set_defaults(geometry="qwen3-next-80b")
+    args = parser.parse_args()
+    caches = [c for c in args.caches.split(",") if c]
+    unknown = set(caches) - {"hybrid", "no_buffer", "extra_buffer"}
+    if unknown:
+        parser.error(f"--caches: unknown {sorted(unknown)} (hybrid, no_buffer, extra_buffer)")
+    meter = Meter()
+    hooks = time_plugin_hooks(meter)
+    trace = cli.load_trace(args.trace, args)
+    settings = cli._settings(args, args.budget_gib[0])
+    print(f"{len(trace.requests)} requests; {hooks} plugin hooks timed", flush=True)
+    rows = []
+    for cache in caches:
+        print(f"replaying {cache} ...", flush=True)
+        rows.append(profile(cache, trace, settings, meter))
+        r = rows[-1]
+        print(
+            f"  {cache}: {r['passes']} passes; cache p50 {r['cache_us_p50']:.0f} us, "
+            f"p99 {r['cache_us_p99']:.0f} us, total {r['cache_s_total']:.1f} s "
+            f"(steps {r['step_s_total']:.1f} s); prefill computed {r['prefill_computed']:,}",
+            flush=True,
+        )
+        for name, sec in r["top_entry_points_s"].items():
+            print(f"    {sec:8.3f} s  {name}")
+    ratios: dict[str, float] = {}
+    by = {r["cache"]: r for r in rows}
+    if "hybrid" in by and "no_buffer" in by:
+        h, n = by["hybrid"], by["no_buffer"]
+        for k in ("cache_us_p50", "cache_us_p99", "cache_us_mean"):
+            ratios[k] = h[k] / n[k] if n[k] else float("inf")
+        print(
+            "hybrid / no_buffer, cache time per pass: "
+            + ", ".join(f"{k.removeprefix('cache_us_')} {v:.2f}x" for k, v in ratios.items())
+        )
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        out = {
+            "command": shlex.join(["python", *sys.argv]),
+            "date": datetime.date.today().isoformat(),
+            "machine": f"{platform.machine()}, {platform.node()}",
+            "rows": rows,
+            "ratios_hybrid_over_no_buffer": ratios,
+        }
+        args.json.write_text(json.dumps(out, indent=2) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
