@@ -19,8 +19,9 @@ per cache, one after the other in this process, and measures for every scheduler
 Both include what the cache calls in SGLang (allocator frees, pool copies): that is cache work.
 The step's own wall time (scheduler + the replay worker) is reported beside it. Prints p50 / p99 /
 mean microseconds per pass and the total, the hybrid / no_buffer ratios, and writes the numbers
-to ``--json``. Timings are wall clock on a shared machine: run it on an idle one and compare the
-ratios, which are measured side by side in one run.
+to ``--json``. Timings are wall clock on a shared machine, with one torch thread: run it on an idle
+one and compare the ratios, which are measured side by side in one run. Tensor work (state and
+index copies) runs synchronously here, in both caches; on a GPU it is an asynchronous launch.
 """
 
 from __future__ import annotations
@@ -211,6 +212,11 @@ def main() -> int:
     unknown = set(caches) - {"hybrid", "no_buffer", "extra_buffer"}
     if unknown:
         parser.error(f"--caches: unknown {sorted(unknown)} (hybrid, no_buffer, extra_buffer)")
+    import torch
+
+    # One torch thread (as bench_bookkeeping): on a shared 2-core machine two threads turn a
+    # state copy of microseconds into milliseconds, in whichever cache happens to copy.
+    torch.set_num_threads(1)
     meter = Meter()
     hooks = time_plugin_hooks(meter)
     trace = cli.load_trace(args.trace, args)

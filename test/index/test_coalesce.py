@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import random
 
+from helpers import Device, make_index, run
+
 from sglang_hybrid.index import CostModel, PromptKey
 from sglang_hybrid.index.coalesce import InflightPrefixes, PrefixDemand, coalesce_target
 from sglang_hybrid.index.valuation import Valuer
@@ -152,4 +154,23 @@ def test_a_demanded_tap_wins_a_slot_and_its_demand_turns_into_hits() -> None:
     assert (s.demand, s.hits) == (2, 1)
     idx.unpin_sources(lane)
     idx.release(lane)
+    idx.check_integrity()
+
+
+def test_resume_epoch_ignores_device_pressure_but_not_new_resume_points() -> None:
+    """The coalescer reuses its decision while ``resume_epoch`` stands: dropping host-backed
+    device copies must leave every match's best snapshot as it was, and publishing or deleting
+    a snapshot must move it."""
+    idx, dev = make_index(host_slabs=60, slots=4), Device()
+    ids = list(range(1, 400))
+    (s,) = run(idx, dev, ids, taps=[256], endpoint=False)
+    before, epoch = idx.resume_epoch, idx.epoch
+    assert idx.evict_device(10_000, backed_only=True) > 0  # every block is host-backed
+    assert idx.epoch != epoch and idx.resume_epoch == before
+    assert idx.match(key(ids + [7])).best is s
+    run(idx, dev, ids[:200] + [9] * 100, taps=[128], endpoint=False)
+    assert idx.resume_epoch != before
+    moved = idx.resume_epoch
+    idx.delete_snapshot(s)
+    assert idx.resume_epoch != moved
     idx.check_integrity()

@@ -123,6 +123,9 @@ class PrefixIndex:
         self.tick = 0  # the order of pins, hits, publications and supersessions
         # Bumps whenever a quote may have gone stale (§6.3); also bumped by ``transfers``.
         self.epoch = 0
+        # The bumps of ``epoch`` made by dropping device copies and deleting subtrees: what
+        # ``resume_epoch`` leaves out. Only evict_device and delete_subtree change it.
+        self._pressure_bumps = 0
         self.stats = IndexStats()
         self._next_snapshot = 1
         self._next_lane = 1
@@ -150,6 +153,15 @@ class PrefixIndex:
     def dead(self) -> OrderedDict[BlockNode, None]:
         """Host KV no snapshot can reach (§9.3), to read; ``residency`` changes it."""
         return self.residency.dead
+
+    @property
+    def resume_epoch(self) -> int:
+        """Changes whenever ``match(key).best`` may have changed for some prompt: snapshots
+        published, deleted or adopted, fills begun or ended (§6.2). Dropping device copies does
+        not change it (a match's best snapshot need not be on the device); a subtree deletion
+        takes its snapshots through ``delete_snapshot``, which does. The coalescer keys its
+        per-pass decision on it: under device pressure ``epoch`` moves every decode pass."""
+        return self.epoch - self._pressure_bumps
 
     def drain_freed_device(self) -> list[tuple[object, int]]:
         """Device handles (and their token footprint) the index dropped since the last drain."""
@@ -610,6 +622,7 @@ class PrefixIndex:
                 x.host_slab, x.host_state = -1, R.ABSENT
             self.tree.remove_leaf(x)
         self.epoch += 1
+        self._pressure_bumps += 1
 
     def evict_device(self, tokens: int, *, backed_only: bool = False) -> int:
         """Free at least ``tokens`` device tokens from the LRU if it can; returns tokens freed.
@@ -639,6 +652,7 @@ class PrefixIndex:
                     stats.device_evicted_unbacked += 1
                     self.delete_snapshot(victim)
             self.epoch += 1
+            self._pressure_bumps += 1
         return start - residency.device_tokens
 
     # ================================================================ persistence (§5.5)

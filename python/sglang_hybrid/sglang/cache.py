@@ -139,6 +139,15 @@ class HybridRadixCache(BasePrefixCache):
             labels = getattr(self.metrics_collector, "labels", None) or {}
             self.metrics = CacheMetrics(labels)
 
+    def empty_index(self) -> None:
+        """Replace the index by an empty one on the same memory (a persisted tier not loaded)."""
+        self.index = self._new_index()
+
+    @property
+    def state_dtypes(self) -> list[str]:
+        """The dtypes of the recurrent-state tensors, in layer order (the persisted fingerprint)."""
+        return [str(t.dtype) for t in self._state_tensors]
+
     def _new_index(self) -> PrefixIndex:
         index = PrefixIndex(
             self.config, image_bytes=self.image_bytes, slab_bytes=self.slab_bytes, cost=self.cost

@@ -82,13 +82,15 @@ class Coalescer:
         chunked = getattr(scheduler, "chunked_req", None)
         window = self._window(scheduler, queue)
         # While the queue is blocked (a full pool), SGLang calls this every iteration: the same
-        # window over the same tree decides the same, so only the pass counts move (O(window)).
+        # window with the same resume points decides the same, so only the pass counts move
+        # (O(window)). ``resume_epoch``, not ``epoch``: device evictions, every decode pass under
+        # pressure, move no resume point (a decision reads only ``match().best``).
         # Keyed by request ids, never id(): every TP rank must decide the same, and CPython
         # reuses addresses differently on each rank (issue #10).
         seen = (
             chunked.rid if chunked is not None else None,
             getattr(chunked, "prefix_len", 0) if chunked is not None else 0,
-            self.cache.index.epoch,
+            self.cache.index.resume_epoch,
             tuple(r.rid for r in window),
         )
         if seen == self._window_seen and all(

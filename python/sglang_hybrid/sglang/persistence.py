@@ -167,7 +167,7 @@ def fingerprint(ctx: Any, cache: Any) -> dict[str, Any]:
         "dtype": str(getattr(mc, "dtype", getattr(sa, "dtype", None))),
         "kv_cache_dtype": str(getattr(sa, "kv_cache_dtype", None)),
         "kv_dtypes": sorted({str(b.dtype) for b in cache.pools.kv_buffers}),
-        "state_dtypes": [str(t.dtype) for t in cache._state_tensors],
+        "state_dtypes": cache.state_dtypes,
         "page_size": int(cache.page_size),
         "block_tokens": BLOCK_TOKENS,
         "tp_rank": int(ctx.tp_rank),
@@ -208,7 +208,7 @@ class Persistence:
             report = self._load(cache)
         except Exception as e:  # never a reason not to start: serve with an empty tier
             logger.exception("reading %s failed", self.path)
-            cache.index = cache._new_index()
+            cache.empty_index()
             report = LoadReport(False, f"reading it failed ({type(e).__name__}: {e})")
         report = self._agree(cache, report)
         dt = time.monotonic() - t0
@@ -262,7 +262,7 @@ class Persistence:
                 cf, ((src, memory.slab(dst).numpy()) for src, dst in adopted.copies)
             )
         except (CacheFileError, AdoptError) as e:
-            cache.index = cache._new_index()  # nothing loaded: a fresh index, same memory
+            cache.empty_index()  # nothing loaded: a fresh index, same memory
             reason = e.reason if isinstance(e, CacheFileError) else str(e)
             return LoadReport(False, reason)
         total = len(cf.records.snapshots)
@@ -275,7 +275,7 @@ class Persistence:
                 f"{cache.config.host_cache_bytes / MiB:.0f} MiB"
             )
             if adopted.snapshots == 0:
-                cache.index = cache._new_index()
+                cache.empty_index()
                 return LoadReport(False, reason)
         return LoadReport(True, reason, adopted.snapshots, adopted.nodes, nbytes)
 
@@ -289,7 +289,7 @@ class Persistence:
         lo, hi = all_reduce_range(digest, self.tp_group)
         if lo == hi:
             return report
-        cache.index = cache._new_index()
+        cache.empty_index()
         return LoadReport(False, "the TP ranks' files disagree (one is missing, damaged or older)")
 
     # ---------------------------------------------------------------- save
