@@ -25,8 +25,8 @@ def test_the_earliest_deepest_sibling_is_found() -> None:
     base = toks(640)
     a, b = key(base[:300] + toks(100)), key(base + toks(10))
     inflight: InflightPrefixes[str] = InflightPrefixes()
-    inflight.add("a", a)
-    inflight.add("b", b)
+    inflight.add("a", "a", a)
+    inflight.add("b", "b", b)
     sib = inflight.sibling(key(base[:600] + toks(90)))
     assert sib is not None and sib.owner == "b" and sib.shared == 576  # 9 full blocks
     sib = inflight.sibling(key(base[:250] + toks(90)))
@@ -63,8 +63,39 @@ def test_sibling_is_the_earliest_deepest_sharer_by_brute_force() -> None:
             assert sib is None
         else:
             assert sib is not None and (sib.shared, sib.owner) == (best[0], -best[1])
-        inflight.add(i, key(ids))
+        inflight.add(i, i, key(ids))
         earlier.append(ids)
+
+
+def test_a_reused_index_answers_as_a_fresh_one() -> None:
+    """Walks over changing windows (owners kept, dropped, inserted, reordered) on one index give
+    the same siblings as an index built fresh for each walk."""
+    wrng = random.Random(11)
+    base = toks(2000)
+    prompts = [
+        key(base[: wrng.randrange(0, 2000)] + toks(wrng.randrange(1, 300))) for _ in range(40)
+    ]
+    reused: InflightPrefixes[int] = InflightPrefixes()
+    window = list(range(6))
+    for _ in range(300):
+        op = wrng.random()
+        if op < 0.3 and window:
+            window.pop(wrng.randrange(len(window)))
+        elif op < 0.6:
+            window.insert(wrng.randrange(len(window) + 1), wrng.randrange(len(prompts)))
+        elif op < 0.7 and len(window) > 1:
+            i = wrng.randrange(len(window) - 1)
+            window[i], window[i + 1] = window[i + 1], window[i]
+        fresh: InflightPrefixes[int] = InflightPrefixes()
+        reused.begin()
+        for pos, p in enumerate(window):
+            a, b = fresh.sibling(prompts[p]), reused.sibling(prompts[p])
+            assert (a is None) == (b is None)
+            if a is not None and b is not None:
+                assert (a.owner, a.shared) == (b.owner, b.shared)
+            if wrng.random() < 0.8:  # some are held, so not entered
+                fresh.add((pos, p), p, prompts[p])
+                reused.add((pos, p), p, prompts[p])
 
 
 def test_a_hash_collision_is_never_trusted() -> None:
@@ -72,10 +103,10 @@ def test_a_hash_collision_is_never_trusted() -> None:
         return 42
 
     inflight: InflightPrefixes[str] = InflightPrefixes()
-    inflight.add("a", key(toks(256), hash_fn=constant))
+    inflight.add("a", "a", key(toks(256), hash_fn=constant))
     assert inflight.sibling(key(toks(256), hash_fn=constant)) is None
     same = toks(256)
-    inflight.add("b", key(same, hash_fn=constant))
+    inflight.add("b", "b", key(same, hash_fn=constant))
     # "a" holds every hash first, and its bytes differ: a collision, so no sibling at all.
     assert inflight.sibling(key(same, hash_fn=constant)) is None
 
@@ -97,7 +128,41 @@ def test_demand_counts_other_waiting_prompts() -> None:
     demand.discard("r2")
     demand.discard("r2")  # idempotent
     assert len(demand) == 0 and demand.shared(keys["r2"], self_counted=False) == (0, 0)
-    assert not demand._count  # every count went back to zero and was dropped
+    assert not demand._added and not demand._removed  # the drained queue holds no counts
+
+
+def test_demand_counts_equal_a_plain_multiset_through_folds(monkeypatch) -> None:
+    """Many arrivals and departures (folds of the removed counts included) keep every count
+    equal to a recount of the prompts still waiting, and zero counts never pile up."""
+    monkeypatch.setattr(PrefixDemand, "FOLD_SLACK", 0)  # fold as often as the rule allows
+    rng = random.Random(7)
+    base = toks(4000)
+    prompts = {  # a shared document, then a private part of up to ~10 blocks
+        f"r{i}": key(base[: rng.randrange(0, 4000)] + toks(rng.randrange(1, 640)))
+        for i in range(300)
+    }
+    demand: PrefixDemand[str] = PrefixDemand()
+    waiting: set[str] = set()
+    order = sorted(prompts)
+    for step in range(2000):
+        rid = rng.choice(order) if len(waiting) < 8 else rng.choice(sorted(waiting))
+        if rid in waiting:
+            demand.discard(rid)
+            waiting.discard(rid)
+        else:
+            demand.add(rid, prompts[rid])
+            waiting.add(rid)
+        if step % 97 == 0:
+            recount: dict[int, int] = {}
+            for r in waiting:
+                k = prompts[r]
+                for h in k.hashes[: k.full_blocks]:
+                    recount[h] = recount.get(h, 0) + 1
+            every = {h for k in prompts.values() for h in k.ensure_hashes(k.full_blocks)}
+            assert all(demand.count(h) == recount.get(h, 0) for h in every)
+            live_blocks = sum(prompts[r].full_blocks for r in waiting)
+            zero = sum(1 for h in demand._added if demand.count(h) == 0)
+            assert zero <= live_blocks  # folds bound what is kept for prompts that left
 
 
 def test_the_target_rules() -> None:

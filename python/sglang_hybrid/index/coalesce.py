@@ -27,7 +27,8 @@ Pure Python; the caller owns the scheduler side (holding requests, adding the si
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Hashable, KeysView
 from typing import Any, Generic, NamedTuple, TypeVar
 
 from .cost import CostModel
@@ -48,37 +49,72 @@ class Sibling(NamedTuple):
 
 
 class InflightPrefixes(Generic[T]):
-    """Prompts in flight, in admission order; ``sibling`` finds the earliest deepest sharer."""
+    """Prompts in flight, in admission order; ``sibling`` finds the earliest deepest sharer.
+
+    One index serves every pass (the admission window changes little between passes): a walk
+    starts with ``begin`` and ``add``s its prompts in order; an owner entered at the same position
+    in an earlier walk is kept as it is (O(1)), the first one that differs drops every entry from
+    its position on (O(their new blocks)). Lookups see only entries below the walk's position, so
+    a walk sees exactly what a fresh index built by the same adds would hold.
+    """
 
     def __init__(self) -> None:
-        self._first: dict[int, tuple[T, PromptKey]] = {}  # block hash -> first prompt holding it
+        # block hash -> (position, owner, prompt) of the first prompt holding it
+        self._first: dict[int, tuple[int, T, PromptKey]] = {}
+        # per position: the owner's id, its prompt length and the hashes it entered first
+        self._order: list[tuple[Hashable, int, list[int]]] = []
+        self._pos = 0  # entries at positions >= _pos are not part of this walk (yet)
 
-    def add(self, owner: T, key: PromptKey) -> None:
-        """Index ``key``'s full blocks (earlier prompts keep their entries).
+    def begin(self) -> None:
+        """Start a walk: nothing is visible until it is added again."""
+        self._pos = 0
+
+    def add(self, owner_id: Hashable, owner: T, key: PromptKey) -> None:
+        """Enter ``key``'s full blocks at the walk's next position (earlier prompts keep their
+        entries). ``owner_id`` names the owner across walks (a request id, never ``id()``).
 
         Presence along one prompt's chained hashes is prefix-closed (a hash was entered with all
         the hashes before it), so the blocks already held are a prefix, found by binary search,
-        and the rest are all new: one dict update instead of a setdefault per block (this runs
-        for every prompt in the admission window, every pass the window or the tree changed).
+        and the rest are all new: one dict update instead of a setdefault per block.
         """
+        pos, order = self._pos, self._order
+        self._pos = pos + 1
+        if pos < len(order):
+            if order[pos][0] == owner_id and order[pos][1] == key.n:
+                return  # the same prompt at the same place: its entries stand
+            self._truncate(pos)
         blocks = key.full_blocks
         if not blocks:
+            order.append((owner_id, key.n, []))
             return
         first = self._first
         hashes = key.ensure_hashes(blocks)
         held = _deepest(hashes, first.__contains__) if first else -1
-        first.update(dict.fromkeys(hashes[held + 1 :], (owner, key)))
+        new = hashes[held + 1 :]
+        first.update(dict.fromkeys(new, (pos, owner, key)))
+        order.append((owner_id, key.n, new))
+
+    def _truncate(self, pos: int) -> None:
+        first, order = self._first, self._order
+        while len(order) > pos:
+            for h in order.pop()[2]:
+                first.pop(h, None)  # a colliding hash may have been entered twice
 
     def sibling(self, key: PromptKey) -> Sibling | None:
         """The earlier prompt sharing the most full blocks with ``key`` (None: not one block)."""
         blocks = key.full_blocks
-        if not blocks or not self._first:
+        if not blocks or not self._first or not self._pos:
             return None
-        hashes, first = key.ensure_hashes(blocks), self._first
-        lo = _deepest(hashes, lambda h: h in first)
+        hashes, first, pos = key.ensure_hashes(blocks), self._first, self._pos
+
+        def visible(h: int) -> bool:
+            e = first.get(h)
+            return e is not None and e[0] < pos
+
+        lo = _deepest(hashes, visible)
         if lo < 0:
             return None
-        owner, other = first[hashes[lo]]
+        _, owner, other = first[hashes[lo]]
         end = (lo + 1) * BLOCK_BYTES
         if key.data[:end] != other.data[:end]:
             return None  # a hash collision: never trust it
@@ -86,10 +122,23 @@ class InflightPrefixes(Generic[T]):
 
 
 class PrefixDemand(Generic[T]):
-    """How many waiting prompts hold each block prefix; O(blocks) per add / discard."""
+    """How many waiting prompts hold each block prefix.
+
+    A prompt's count is ``_added[h] - _removed[h]``: both are Counters fed whole hash lists, which
+    ``Counter.update`` counts in C (a waiting queue of long prompts enters and leaves ~240 blocks
+    per request). ``_removed`` is folded into ``_added`` once it has received more blocks than the
+    waiting prompts hold (plus ``FOLD_SLACK``): a fold costs O(its removed hashes), O(1) per
+    removed block amortised, and the hashes kept whose count is zero never outnumber the live
+    prompts' blocks plus the slack.
+    """
+
+    FOLD_SLACK = 4096
 
     def __init__(self) -> None:
-        self._count: dict[int, int] = {}
+        self._added: Counter[int] = Counter()
+        self._removed: Counter[int] = Counter()
+        self._removed_blocks = 0  # blocks entered into ``_removed`` since the last fold
+        self._live_blocks = 0  # full blocks of the prompts waiting now
         self._keys: dict[T, PromptKey] = {}
 
     def __contains__(self, owner: object) -> bool:
@@ -101,25 +150,46 @@ class PrefixDemand(Generic[T]):
     def owners(self) -> list[T]:
         return list(self._keys)
 
+    def owner_set(self) -> KeysView[T]:
+        """The owners as a set view (set algebra with it runs in C)."""
+        return self._keys.keys()
+
     def add(self, owner: T, key: PromptKey) -> None:
         if owner in self._keys:
             return
         self._keys[owner] = key
-        count = self._count
-        for h in key.ensure_hashes(key.full_blocks):
-            count[h] = count.get(h, 0) + 1
+        self._added.update(key.ensure_hashes(key.full_blocks))
+        self._live_blocks += key.full_blocks
 
     def discard(self, owner: T) -> None:
         key = self._keys.pop(owner, None)
         if key is None:
             return
-        count = self._count
-        for h in key.hashes[: key.full_blocks]:
-            c = count[h] - 1
-            if c:
-                count[h] = c
+        self._live_blocks -= key.full_blocks
+        if not self._keys:  # the queue drained: nothing is demanded
+            self._added.clear()
+            self._removed.clear()
+            self._removed_blocks = 0
+            return
+        self._removed.update(key.hashes[: key.full_blocks])
+        self._removed_blocks += key.full_blocks
+        if self._removed_blocks > self._live_blocks + self.FOLD_SLACK:
+            self._fold()
+
+    def count(self, h: int) -> int:
+        """Waiting prompts holding the block prefix whose chained hash is ``h``."""
+        return self._added.get(h, 0) - self._removed.get(h, 0)
+
+    def _fold(self) -> None:
+        added = self._added
+        for h, c in self._removed.items():
+            left = added[h] - c
+            if left:
+                added[h] = left
             else:
-                del count[h]
+                del added[h]
+        self._removed.clear()
+        self._removed_blocks = 0
 
     def shared(self, key: PromptKey, *, self_counted: bool) -> Shared:
         """The longest prefix ``key`` shares with at least one other waiting prompt."""
@@ -127,11 +197,11 @@ class PrefixDemand(Generic[T]):
         if not blocks:
             return Shared(0, 0)
         need = 2 if self_counted else 1
-        hashes, count = key.ensure_hashes(blocks), self._count
-        lo = _deepest(hashes, lambda h: count.get(h, 0) >= need)
+        hashes, count = key.ensure_hashes(blocks), self.count
+        lo = _deepest(hashes, lambda h: count(h) >= need)
         if lo < 0:
             return Shared(0, 0)
-        return Shared((lo + 1) * BLOCK_TOKENS, count[hashes[lo]] - need + 1)
+        return Shared((lo + 1) * BLOCK_TOKENS, count(hashes[lo]) - need + 1)
 
 
 def _deepest(hashes: list[int], holds: Callable[[int], bool]) -> int:

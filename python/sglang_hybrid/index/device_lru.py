@@ -39,6 +39,10 @@ class DeviceLRU:
             tokens = self.unbacked.pop(entry)
         self.tokens -= tokens
 
+    def remove_unbacked(self, entry: Entry) -> None:
+        """``remove`` for an entry known to be in the unbacked list."""
+        self.tokens -= self.unbacked.pop(entry)
+
     def discard(self, entry: Entry) -> None:
         if entry in self:
             self.remove(entry)

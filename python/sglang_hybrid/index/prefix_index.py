@@ -629,17 +629,29 @@ class PrefixIndex:
 
         ``backed_only`` never drops a last copy (a prefetch must not, §6.6).
         """
-        residency = self.residency
+        residency, tree = self.residency, self.tree
         lru, stats = residency.lru, self.stats
         start = residency.device_tokens
+        bare = 0  # bare-leaf victims (the fast path below), counted once after the loop
         while start - residency.device_tokens < tokens:
             victim = next(iter(lru.backed), None) if backed_only else lru.peek_victim()
             if victim is None:
                 break
-            if isinstance(victim, BlockNode):
+            if type(victim) is BlockNode:
                 if victim.host_state is R.RESIDENT:
                     stats.device_evicted_backed += 1
                     residency.drop_node_device(victim)
+                elif (
+                    victim.n_children == 0
+                    and not victim.snapshots
+                    and victim.host_state is R.ABSENT
+                ):
+                    # The common victim under pressure: a bare leaf, whose subtree is itself.
+                    # delete_subtree's work without its walk (867k victims on the Mooncake trace).
+                    residency.forget_unbacked_leaf(victim)
+                    tree.remove_leaf(victim)
+                    bare += 1
+                    continue
                 else:
                     stats.device_evicted_unbacked += 1
                     self.delete_subtree(victim)
@@ -653,6 +665,11 @@ class PrefixIndex:
                     self.delete_snapshot(victim)
             self.epoch += 1
             self._pressure_bumps += 1
+        if bare:  # as delete_subtree + this loop count each: one deletion, two bumps
+            stats.device_evicted_unbacked += bare
+            stats.subtree_deletions += bare
+            self.epoch += 2 * bare
+            self._pressure_bumps += 2 * bare
         return start - residency.device_tokens
 
     # ================================================================ persistence (§5.5)

@@ -9,10 +9,12 @@ pass and gives the earlier one (its sibling) an exact, Boundary tap at the diver
 sibling's pass then ends there (``chunking.py``), the snapshot publishes at its checkpoint, and in
 a later pass the held request matches it like any cached prefix.
 
-The whole waiting queue is also kept as a ``PrefixDemand`` (reconciled before each pass, O(queue)
-set work plus O(blocks) per request that arrives or leaves): when a request is planned, the deepest
-block boundary it shares with another waiting prompt becomes an exact Boundary tap, so the rest of
-its group, admitted passes later, resumes there (``demand_cut``).
+The whole waiting queue is also kept as a ``PrefixDemand``, brought up to date when a plan reads
+it (``_sync_demand``: O(blocks) per request that arrived or left since, an O(queue) reconcile only
+when a count check flags what SGLang's append-and-admit order does not explain, and every
+``FULL_SYNC_EVERY``-th time): when a request is planned, the deepest block boundary it shares with
+another waiting prompt becomes an exact Boundary tap, so the rest of its group, admitted passes
+later, resumes there (``demand_cut``).
 
 Held requests go back into the queue at their positions after the pass, so nothing behind them
 waits for them, and nothing is pinned or allocated while they wait. A request stops waiting as
@@ -23,6 +25,7 @@ namespace (LoRA, cache salt) and requests the cache does not insert never coales
 
 from __future__ import annotations
 
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from ..index import BLOCK_TOKENS, PromptKey
@@ -38,8 +41,11 @@ from .request import ATTR, ReqState, waiting_key
 if TYPE_CHECKING:
     from .cache import HybridRadixCache
 
+_rid = attrgetter("rid")
+
 MAX_HOLD_PASSES = 64  # a safety net: a sibling publishes within a few passes
 WINDOW_PASSES = 4  # how far ahead in the queue (in passes' worth of prompt tokens) to look
+FULL_SYNC_EVERY = 64  # demand syncs between O(queue) reconciles (``_sync_demand``)
 
 
 class Coalescer:
@@ -58,6 +64,17 @@ class Coalescer:
         self.holds_total = 0  # request-passes held
         self.demand: PrefixDemand[str] = PrefixDemand()  # the waiting queue's prompts, by rid
         self._queue_seen: tuple[int, str, str] = (0, "", "")
+        # The waiting queue as the last admission pass began, when it changed since the demand
+        # was reconciled (``_note_queue``); consumed by ``cuts_for``.
+        self._changed_queue: list[Any] | None = None
+        self._keyless: set[str] = set()
+        self._planned: list[str] = []  # rids planned (so admitted) since the last demand sync
+        self._syncs = 0
+        # The admission window's prompts in flight, kept between passes (most passes walk the
+        # same window; ``InflightPrefixes.begin``). Keyed by rid: equal on every rank.
+        self._inflight: InflightPrefixes[Any] = (
+            InflightPrefixes()
+        )  # waiting rids that never coalesce (no ``waiting_key``)
         self._window_seen: tuple[Any, ...] = ()
         self._held: list[Any] = []  # the last decision, reused while nothing changed
         # Held rids since the last ``take_held``, kept only for the rank check (``record_held``):
@@ -72,7 +89,7 @@ class Coalescer:
         waiting for the queue's demand, so their blocks are not re-indexed every pass.
         """
         queue = scheduler.waiting_queue
-        self._reconcile(queue)
+        self._note_queue(queue)
         if exclude:
             queue = [r for r in queue if r.rid not in exclude]
         if not queue:
@@ -102,9 +119,10 @@ class Coalescer:
             self._note_held(self._held)
             return list(self._held)
         self._window_seen = seen
-        inflight: InflightPrefixes[Any] = InflightPrefixes()
+        inflight = self._inflight
+        inflight.begin()
         if chunked is not None and (key := waiting_key(chunked)) is not None:
-            inflight.add(chunked, key)
+            inflight.add(chunked.rid, chunked, key)
         held: list[Any] = []
         holds: dict[str, int] = {}
         asked: dict[tuple[Any, int], int] = {}
@@ -123,7 +141,7 @@ class Coalescer:
                 held.append(req)
                 asked[sib.owner, target] = asked.get((sib.owner, target), 0) + 1
             else:
-                inflight.add(req, key)  # a held request is never a sibling in its own pass
+                inflight.add(req.rid, req, key)  # a held request is never a sibling in its own pass
         for (sibling, target), waiters in asked.items():
             self._add_cut(sibling, target, waiters)
         self.holds = holds
@@ -184,6 +202,10 @@ class Coalescer:
         ``base``), each with the requests known to wait for it: the cuts held requests asked of
         it, and its demand cut."""
         asked = {p: w for p, w in self.cuts.get(rid, {}).items() if base < p < key.n}
+        if self._changed_queue is not None:
+            self._sync_demand(self._changed_queue)
+            self._changed_queue = None
+        self._planned.append(rid)
         if len(self.demand):
             shared = self.demand.shared(key, self_counted=rid in self.demand)
             target = min(shared.tokens, key.n - 1)
@@ -192,29 +214,70 @@ class Coalescer:
                 asked[target] = max(asked.get(target, 0), shared.others)
         return asked
 
-    def _reconcile(self, queue: list[Any]) -> None:
-        """Bring ``demand`` in line with the waiting queue: arrivals in, departures out.
+    def _note_queue(self, queue: list[Any]) -> None:
+        """Remember the waiting queue if it changed since the demand was last reconciled.
 
         SGLang runs an admission pass every scheduler iteration while requests wait (a long queue
         behind a full pool: every decode step), so an unchanged queue is recognised in O(1) by
         its length and its ends. A change that keeps all three (as many leave as arrive, none at
         either end) is caught at the next change; meanwhile a demand tap may be missed or
-        spurious, never wrong (taps are optional; hits compare bytes).
+        spurious, never wrong (taps are optional; hits compare bytes). The O(queue) reconcile
+        itself waits until a plan reads the demand (``cuts_for``: a pass that admits a request),
+        not every pass a request arrives in.
         """
         fingerprint = (len(queue), queue[0].rid, queue[-1].rid) if queue else (0, "", "")
-        if fingerprint == self._queue_seen:
-            return
-        self._queue_seen = fingerprint
-        current = {r.rid: r for r in queue}
+        if fingerprint != self._queue_seen:
+            self._queue_seen = fingerprint
+            self._changed_queue = queue
+
+    def _sync_demand(self, queue: list[Any]) -> None:
+        """Bring ``demand`` in line with ``queue`` in O(changes) where SGLang's own bookkeeping
+        allows: requests planned since the last sync have left (admission is where plans
+        happen), arrivals are appended at the queue's end (``Scheduler._add_request_to_queue``).
+        Both are checked by the count (every waiting request is in the demand or keyless); a
+        mismatch (an abort, a failed admission, a queue sorted by a priority policy) falls back
+        to the O(queue) reconcile, as does every ``FULL_SYNC_EVERY``-th sync, so a change the
+        count cannot see (as many unseen leaving as arriving) lasts a bounded time.
+        """
+        demand, keyless = self.demand, self._keyless
+        for rid in self._planned:
+            demand.discard(rid)
+            keyless.discard(rid)
+        self._planned.clear()
+        self._syncs += 1
+        if self._syncs % FULL_SYNC_EVERY:
+            i = len(queue)
+            while i and (rid := queue[i - 1].rid) not in demand and rid not in keyless:
+                i -= 1
+            for req in queue[i:]:
+                if (key := waiting_key(req)) is not None:
+                    demand.add(req.rid, key)
+                else:
+                    keyless.add(req.rid)
+            if len(demand) + len(keyless) == len(queue):
+                return
+        self._reconcile(queue)
+
+    def _reconcile(self, queue: list[Any]) -> None:
+        """Bring ``demand`` in line with ``queue``: arrivals in, departures out."""
+        # Set algebra in C (a long queue changes at nearly every pass that admits or receives):
+        # the rids leave and arrive by difference; the arriving requests are found from the
+        # queue's end, where SGLang appends them, scanning further only when one is elsewhere.
+        current = set(map(_rid, queue))
         demand = self.demand
-        for rid in demand.owners():
-            if rid not in current:
-                demand.discard(rid)
-        if len(demand) == len(current):
-            return
-        for rid, req in current.items():
-            if rid not in demand and (key := waiting_key(req)) is not None:
-                demand.add(rid, key)
+        for rid in demand.owner_set() - current:
+            demand.discard(rid)
+        self._keyless &= current
+        arrived = current - demand.owner_set() - self._keyless
+        for req in reversed(queue):
+            if not arrived:
+                break
+            if req.rid in arrived:
+                arrived.discard(req.rid)
+                if (key := waiting_key(req)) is not None:
+                    demand.add(req.rid, key)
+                else:
+                    self._keyless.add(req.rid)
 
     def record_held(self) -> None:
         """Keep the held request ids for ``take_held`` from now on (``--hybrid-check-ranks``)."""
