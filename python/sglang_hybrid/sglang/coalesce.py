@@ -67,14 +67,12 @@ class Coalescer:
         # The waiting queue as the last admission pass began, when it changed since the demand
         # was reconciled (``_note_queue``); consumed by ``cuts_for``.
         self._changed_queue: list[Any] | None = None
-        self._keyless: set[str] = set()
+        self._keyless: set[str] = set()  # waiting rids that never coalesce (no ``waiting_key``)
         self._planned: list[str] = []  # rids planned (so admitted) since the last demand sync
         self._syncs = 0
         # The admission window's prompts in flight, kept between passes (most passes walk the
         # same window; ``InflightPrefixes.begin``). Keyed by rid: equal on every rank.
-        self._inflight: InflightPrefixes[Any] = (
-            InflightPrefixes()
-        )  # waiting rids that never coalesce (no ``waiting_key``)
+        self._inflight: InflightPrefixes[Any] = InflightPrefixes()
         self._window_seen: tuple[Any, ...] = ()
         self._held: list[Any] = []  # the last decision, reused while nothing changed
         # Held rids since the last ``take_held``, kept only for the rank check (``record_held``):
