@@ -22,6 +22,12 @@ mean microseconds per pass and the total, the hybrid / no_buffer ratios, and wri
 to ``--json``. Timings are wall clock on a shared machine, with one torch thread: run it on an idle
 one and compare the ratios, which are measured side by side in one run. Tensor work (state and
 index copies) runs synchronously here, in both caches; on a GPU it is an asynchronous launch.
+
+A speed probe runs before and after each cache's replay (``speed_probe``: fixed Python dictionary
+work like the index's, fixed torch gathers like SGLang's checkpoints). These machines are shared,
+and a neighbour can slow dictionary-heavy Python 2-3x while tensor slicing slows 1.2x (seen on
+2026-12-02), which moves the ratios with no change in either cache: the probes go into the JSON,
+and a spread above ``PROBE_TOLERANCE`` between them is reported as a run not to quote.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ import functools
 import inspect
 import json
 import platform
+import random
 import shlex
 import sys
 import time
@@ -45,6 +52,43 @@ from sglang_hybrid.replay import cli
 from sglang_hybrid.replay.results import percentile
 
 DEFAULT_TRACE = "mooncake:../shared/traces/mooncake_synthetic_trace.jsonl"
+# Slowest / fastest probe beyond which a run's ratios are not quoted. Coarse on purpose: back to
+# back on a quiet machine the dict probe varied 1.35x (the torch one 1.04x); the moves it is for
+# were 2-3x.
+PROBE_TOLERANCE = 1.5
+
+
+def speed_probe() -> dict[str, float]:
+    """Seconds (best of five) of two fixed workloads: 400k counter updates and lookups in a
+    Python dict (the index's kind of work), and 1M-element torch gathers (SGLang's checkpoint
+    slicing). Only their change between probes matters."""
+    import torch
+
+    rng = random.Random(0)
+    keys = [rng.getrandbits(62) for _ in range(400_000)]
+    src = torch.arange(4_000_000, dtype=torch.int32)
+    idx = torch.randint(0, 4_000_000, (1_000_000,), generator=torch.Generator().manual_seed(0))
+
+    def dict_work() -> None:
+        d: dict[int, int] = {}
+        for k in keys:
+            d[k] = d.get(k, 0) + 1
+        for k in keys:
+            d[k] -= 1
+
+    def tensor_work() -> None:
+        for _ in range(5):
+            src[idx].sum()
+
+    def best(fn: Callable[[], None]) -> float:
+        times = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return min(times)
+
+    return {"python_dict_s": best(dict_work), "torch_gather_s": best(tensor_work)}
 
 
 class Meter:
@@ -227,8 +271,10 @@ def main() -> int:
     rows = []
     for cache in caches:
         print(f"replaying {cache} ...", flush=True)
+        before = speed_probe()
         rows.append(profile(cache, trace, settings, meter))
         r = rows[-1]
+        r["speed_probe"] = {"before": before, "after": speed_probe()}
         print(
             f"  {cache}: {r['passes']} passes; cache p50 {r['cache_us_p50']:.0f} us, "
             f"p99 {r['cache_us_p99']:.0f} us, total {r['cache_s_total']:.1f} s "
@@ -247,6 +293,16 @@ def main() -> int:
             "hybrid / no_buffer, cache time per pass: "
             + ", ".join(f"{k.removeprefix('cache_us_')} {v:.2f}x" for k, v in ratios.items())
         )
+    spread = probe_spread(rows)
+    print(
+        "speed probes, slowest / fastest: "
+        + ", ".join(f"{k.removesuffix('_s')} {v:.2f}x" for k, v in spread.items())
+    )
+    if max(spread.values(), default=1.0) > PROBE_TOLERANCE:
+        print(
+            f"WARNING: the machine's speed moved by more than {PROBE_TOLERANCE:.2f}x during this "
+            "run: the ratios above are not comparable; rerun on a quieter machine"
+        )
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         out = {
@@ -255,10 +311,21 @@ def main() -> int:
             "machine": f"{platform.machine()}, {platform.node()}",
             "rows": rows,
             "ratios_hybrid_over_no_buffer": ratios,
+            "speed_probe_spread": spread,
         }
         args.json.write_text(json.dumps(out, indent=2) + "\n")
         print(f"wrote {args.json}")
     return 0
+
+
+def probe_spread(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Slowest over fastest of every probe of the run, per workload."""
+    probes = [p for r in rows for p in r["speed_probe"].values()]
+    return (
+        {k: max(p[k] for p in probes) / min(p[k] for p in probes) for k in probes[0]}
+        if probes
+        else {}
+    )
 
 
 if __name__ == "__main__":
