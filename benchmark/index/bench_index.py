@@ -53,6 +53,14 @@ def prompt(seed: int, n: int) -> list[int]:
     return [rng.randrange(1, 150_000) for _ in range(n)]
 
 
+def cache_prompt(idx: PrefixIndex, ids: list[int]) -> None:
+    """Commit every block of ``ids`` (no taps, no endpoint) and release them to the device LRU."""
+    key = PromptKey.from_ids(ids)
+    lane = idx.open_lane(idx.match(key), None)
+    idx.commit(lane, key, len(ids), lambda b: b)
+    idx.release(lane)
+
+
 def commit_request(idx: PrefixIndex, ids: list[int], taps: list[int]) -> float:
     """Commit every block of ``ids`` plus taps and an endpoint; returns seconds spent."""
     key = PromptKey.from_ids(ids)
@@ -157,11 +165,7 @@ def bench_device_eviction(repeat: int) -> dict:
     for _ in range(repeat):
         idx = make_index()
         for seed in range(200):
-            ids = prompt(10_000 + seed, 200 * 64)
-            key = PromptKey.from_ids(ids)
-            lane = idx.open_lane(idx.match(key), None)
-            idx.commit(lane, key, len(ids), lambda b: b)
-            idx.release(lane)
+            cache_prompt(idx, prompt(10_000 + seed, 200 * 64))
         blocks = idx.residency.device_tokens // 64
         t0 = time.perf_counter()
         while idx.evict_device(40 * 64):
@@ -181,12 +185,7 @@ def bench_memory() -> dict:
     before = tracemalloc.take_snapshot()
     idx = make_index()
     for j in range(100):
-        ids = prompt(50_000 + j, 64 * 1000)
-        key = PromptKey.from_ids(ids)
-        lane = idx.open_lane(idx.match(key), None)
-        idx.commit(lane, key, len(ids), lambda b: b)
-        idx.release(lane)
-        del key, ids
+        cache_prompt(idx, prompt(50_000 + j, 64 * 1000))
     gc.collect()
     after = tracemalloc.take_snapshot()
     tracemalloc.stop()

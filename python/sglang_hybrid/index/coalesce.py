@@ -147,9 +147,6 @@ class PrefixDemand(Generic[T]):
     def __len__(self) -> int:
         return len(self._keys)
 
-    def owners(self) -> list[T]:
-        return list(self._keys)
-
     def owner_set(self) -> KeysView[T]:
         """The owners as a set view (set algebra with it runs in C)."""
         return self._keys.keys()

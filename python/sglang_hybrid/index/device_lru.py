@@ -39,13 +39,13 @@ class DeviceLRU:
             tokens = self.unbacked.pop(entry)
         self.tokens -= tokens
 
-    def remove_unbacked(self, entry: Entry) -> None:
-        """``remove`` for an entry known to be in the unbacked list."""
-        self.tokens -= self.unbacked.pop(entry)
-
     def discard(self, entry: Entry) -> None:
-        if entry in self:
-            self.remove(entry)
+        # One pop per list, no membership test first: every block leaving the tree comes here.
+        tokens = self.backed.pop(entry, None)
+        if tokens is None:
+            tokens = self.unbacked.pop(entry, None)
+        if tokens is not None:
+            self.tokens -= tokens
 
     def touch(self, entry: Entry) -> None:
         if entry in self.backed:

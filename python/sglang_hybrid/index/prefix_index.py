@@ -611,10 +611,14 @@ class PrefixIndex:
     def delete_subtree(self, node: BlockNode) -> None:
         """Losing the last copy (§9.4): the node, everything below it and their snapshots go."""
         self.stats.subtree_deletions += 1
-        for x in list(self.tree.subtree_postorder(node)):
+        # Most deletions are of a childless block (device eviction under pressure: 867k of the
+        # Mooncake trace's victims), whose subtree is itself: no walk for them.
+        nodes = (node,) if node.n_children == 0 else list(self.tree.subtree_postorder(node))
+        for x in nodes:
             assert x.active_refs == 0 and x.restore_pins == 0, f"deleting pinned {x}"
-            for s in list(x.snapshots or ()):
-                self.delete_snapshot(s)
+            if x.snapshots:
+                for s in list(x.snapshots):
+                    self.delete_snapshot(s)
             self.residency.forget_node(x)
             if x.host_state is not R.ABSENT:
                 assert self.host is not None
@@ -629,29 +633,17 @@ class PrefixIndex:
 
         ``backed_only`` never drops a last copy (a prefetch must not, §6.6).
         """
-        residency, tree = self.residency, self.tree
+        residency = self.residency
         lru, stats = residency.lru, self.stats
         start = residency.device_tokens
-        bare = 0  # bare-leaf victims (the fast path below), counted once after the loop
         while start - residency.device_tokens < tokens:
             victim = next(iter(lru.backed), None) if backed_only else lru.peek_victim()
             if victim is None:
                 break
-            if type(victim) is BlockNode:
+            if isinstance(victim, BlockNode):
                 if victim.host_state is R.RESIDENT:
                     stats.device_evicted_backed += 1
                     residency.drop_node_device(victim)
-                elif (
-                    victim.n_children == 0
-                    and not victim.snapshots
-                    and victim.host_state is R.ABSENT
-                ):
-                    # The common victim under pressure: a bare leaf, whose subtree is itself.
-                    # delete_subtree's work without its walk (867k victims on the Mooncake trace).
-                    residency.forget_unbacked_leaf(victim)
-                    tree.remove_leaf(victim)
-                    bare += 1
-                    continue
                 else:
                     stats.device_evicted_unbacked += 1
                     self.delete_subtree(victim)
@@ -665,11 +657,6 @@ class PrefixIndex:
                     self.delete_snapshot(victim)
             self.epoch += 1
             self._pressure_bumps += 1
-        if bare:  # as delete_subtree + this loop count each: one deletion, two bumps
-            stats.device_evicted_unbacked += bare
-            stats.subtree_deletions += bare
-            self.epoch += 2 * bare
-            self._pressure_bumps += 2 * bare
         return start - residency.device_tokens
 
     # ================================================================ persistence (§5.5)

@@ -146,14 +146,6 @@ class ResidencyTracker:
         self.device_tokens -= s.tail_device_tokens
         s.tail_device, s.tail_device_state = None, R.ABSENT
 
-    def forget_unbacked_leaf(self, n: BlockNode) -> None:
-        """``forget_node`` for a device-resident node with no host copy that the LRU holds (an
-        eviction victim): it is in the unbacked list and, not host-backed, never dead."""
-        self.lru.remove_unbacked(n)
-        self._freed.append((n.device, BLOCK_TOKENS))
-        self.device_tokens -= BLOCK_TOKENS
-        n.device, n.device_state = None, R.ABSENT
-
     def forget_node(self, n: BlockNode) -> None:
         """The node leaves the tree (§9.4): its device copy is freed, it leaves both lists."""
         if n.device_state is not R.ABSENT:

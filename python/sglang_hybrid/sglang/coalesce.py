@@ -219,9 +219,8 @@ class Coalescer:
         behind a full pool: every decode step), so an unchanged queue is recognised in O(1) by
         its length and its ends. A change that keeps all three (as many leave as arrive, none at
         either end) is caught at the next change; meanwhile a demand tap may be missed or
-        spurious, never wrong (taps are optional; hits compare bytes). The O(queue) reconcile
-        itself waits until a plan reads the demand (``cuts_for``: a pass that admits a request),
-        not every pass a request arrives in.
+        spurious, never wrong (taps are optional; hits compare bytes). The sync itself waits
+        until a plan reads the demand (``cuts_for``: a pass that admits a request).
         """
         fingerprint = (len(queue), queue[0].rid, queue[-1].rid) if queue else (0, "", "")
         if fingerprint != self._queue_seen:
@@ -258,9 +257,8 @@ class Coalescer:
 
     def _reconcile(self, queue: list[Any]) -> None:
         """Bring ``demand`` in line with ``queue``: arrivals in, departures out."""
-        # Set algebra in C (a long queue changes at nearly every pass that admits or receives):
-        # the rids leave and arrive by difference; the arriving requests are found from the
-        # queue's end, where SGLang appends them, scanning further only when one is elsewhere.
+        # O(queue), but set algebra in C: the rids leave and arrive by difference; the arriving
+        # requests are found from the queue's end, where SGLang appends them.
         current = set(map(_rid, queue))
         demand = self.demand
         for rid in demand.owner_set() - current:
