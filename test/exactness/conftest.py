@@ -43,6 +43,9 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "hybrid+host+overlap": dict(host_mib=64, tap_mode="split", overlap=True),
     "zero_split+overlap": dict(host_mib=0, tap_mode="zero-split", overlap=True),
     "hybrid-small+host+overlap": dict(host_mib=32, tap_mode="split", overlap=True, **SMALL),
+    # SGLang's speculative path (issue #14, cpu/speculative.py): verify rounds of 1..4 tokens.
+    "zero_split+host+mtp": dict(host_mib=64, tap_mode="zero-split", mtp=True),
+    "hybrid-small+host+mtp": dict(host_mib=32, tap_mode="split", mtp=True, **SMALL),
 }
 
 
@@ -79,6 +82,8 @@ def run_config(make_scheduler, model_dir: Path, chat: Chat, name: str) -> Run:
     host_mib = cfg.pop("host_mib", None)
     tap_mode = cfg.pop("tap_mode", "auto")
     cfg["disable_overlap_schedule"] = not cfg.pop("overlap", False)
+    if cfg.pop("mtp", False):
+        cfg.update(speculative_algorithm="CPU_MTP", speculative_num_steps=3)
     kw: dict[str, Any] = {}
     if host_mib is not None:
         cfg["radix_cache_backend"] = "hybrid"

@@ -18,6 +18,7 @@ HYBRID = [
     "zero_split+host",
     "hybrid+host+overlap",
     "zero_split+overlap",
+    "zero_split+host+mtp",
 ]
 
 
@@ -82,6 +83,10 @@ def test_multi_turn_exact_endpoint_with_a_copied_tail(suite, config: str) -> Non
     first = run.asked["mt-1"]
     end = len(first.ids) + len(run.results["mt-1"].output_ids) - 1
     assert end % 64, "the scenario needs an endpoint inside a block"
+    if config.endswith("+mtp"):
+        # The last verify round accepted one token past the budget: the live state, and so the
+        # endpoint, includes the last output token, which mt-2's prompt repeats (one later).
+        end += 1
     assert cached(suite, config, "mt-2") == end
     assert run.reqs["mt-2"].hybrid.tail_copied == end % 64  # copied, not shared
     same_tokens(suite, config, "mt-")
@@ -153,7 +158,8 @@ def test_cancel_mid_prefill_publishes_what_it_computed(suite, config: str) -> No
 
 
 @pytest.mark.parametrize(
-    "config", ["hybrid-small", "hybrid-small+host", "hybrid-small+host+overlap"]
+    "config",
+    ["hybrid-small", "hybrid-small+host", "hybrid-small+host+overlap", "hybrid-small+host+mtp"],
 )
 def test_pressure_with_active_growth(suite, config: str) -> None:
     assert len(suite[config].results["pr-grow"].output_ids) == 300  # nothing active was lost
@@ -180,10 +186,12 @@ def test_zero_split_captures_taps_inside_passes(suite, config: str) -> None:
     calls = sum(len(p) for p in suite[config].pieces.values())
     if config.startswith("zero_split"):
         assert in_pass > 0
+        assert sum(len(c) for c in suite[config].captures.values()) > 0
+        if config.endswith("+mtp"):
+            return  # verify rounds make other calls than plain decode: no split twin to count
         # Captured taps cost no model call: fewer calls than the same programs split.
         split = suite[config.replace("zero_split", "hybrid").replace("+overlap", "")]
         assert calls < sum(len(p) for p in split.pieces.values())
-        assert sum(len(c) for c in suite[config].captures.values()) > 0
     else:
         assert in_pass == 0
         assert not any(suite[config].captures.values())

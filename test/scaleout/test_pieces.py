@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -144,12 +145,19 @@ def test_the_report_states_each_run_against_one_server(tmp_path: Any) -> None:
     assert (tmp_path / "p.png").stat().st_size > 0
 
 
+def test_each_server_gets_its_share_of_every_budget() -> None:
+    cfg = bench.server_config(Path("m"), 4, 4 * 1000, 64, host_mib=256)
+    assert (cfg.max_total_tokens, cfg.max_mamba_cache_size, cfg.host_cache_mib) == (1000, 16, 64)
+
+
 def test_the_benchmark_refuses_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
     for argv, msg in [
         (["--policies", "cache_aware,sticky"], "unknown policies"),
         (["--workloads", "chat"], "unknown workloads"),
         (["--workers", "2,4"], "must include 1"),
         (["--workers", "1,3"], "must divide"),
+        (["--workers", "1,4", "--total-host-mib", "6"], "must divide"),
+        (["--total-host-mib", "-4"], "must be 0 or more"),
     ]:
         with pytest.raises(SystemExit):
             bench.parse(argv)

@@ -336,3 +336,56 @@ def test_effective_values_are_logged_once_at_startup(build, caplog) -> None:
     # Every MambaPool slot beyond the 4 running requests and one admission in flight (16 - 5),
     # which is more than the spec's C + 2; 2 taps per request without a host tier.
     assert "11 device snapshot slots, 2 taps/request" in lines[0]
+
+
+def test_the_cpu_speculative_algorithm_is_accepted_with_eagle_defaults(
+    qwen3_next_dir: Path,
+) -> None:
+    """``CPU_MTP`` (the CPU workers' algorithm, issue #14) passes the cache's checks and gets a
+    topk-1 chain's defaults when the operator gives none."""
+    from sglang.srt.arg_groups.overrides import resolution_result
+    from sglang.srt.server_args import prepare_server_args
+
+    from sglang_hybrid.cpu.spec_register import register_algorithm
+
+    register_algorithm()
+    args = ["--speculative-algorithm", "CPU_MTP", "--disable-overlap-schedule"]
+    sa = prepare_server_args(hybrid_args(qwen3_next_dir, *args))
+    sa.resolve_once()
+    got = {
+        name: resolution_result(sa, name)
+        for name in (
+            "speculative_num_steps",
+            "speculative_eagle_topk",
+            "speculative_num_draft_tokens",
+        )
+    }
+    assert got == {
+        "speculative_num_steps": 3,
+        "speculative_eagle_topk": 1,
+        "speculative_num_draft_tokens": 4,
+    }
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--speculative-eagle-topk", "2"], r"CPU_MTP drafts a chain: --speculative-eagle-topk"),
+        (
+            ["--speculative-num-steps", "3", "--speculative-num-draft-tokens", "6"],
+            r"--speculative-num-draft-tokens must be --speculative-num-steps \+ 1 \(4\)",
+        ),
+    ],
+)
+def test_the_cpu_speculative_algorithm_refuses_trees(
+    qwen3_next_dir: Path, extra: list[str], message: str
+) -> None:
+    from sglang.srt.server_args import prepare_server_args
+
+    from sglang_hybrid.cpu.spec_register import register_algorithm
+
+    register_algorithm()
+    args = ["--speculative-algorithm", "CPU_MTP", "--disable-overlap-schedule", *extra]
+    sa = prepare_server_args(hybrid_args(qwen3_next_dir, *args))
+    with pytest.raises(ValueError, match=message):
+        sa.resolve_once()

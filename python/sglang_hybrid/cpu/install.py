@@ -59,6 +59,10 @@ def install_cpu_worker(kind: WorkerKind, *, conv_dtype: str = "float32") -> None
     else:
         raise ValueError(f"unknown CPU worker kind {kind!r}; expected 'model' or 'tokens'")
 
+    from sglang_hybrid.cpu.spec_register import register_algorithm
+
+    register_algorithm()  # --speculative-algorithm CPU_MTP, idempotent
+    HookRegistry.apply_hooks()
     if tp_worker.TpModelWorker is not CpuTpWorker:
         HookRegistry.register(TP_WORKER_TARGET, CpuTpWorker, HookType.REPLACE)
         HookRegistry.apply_hooks()

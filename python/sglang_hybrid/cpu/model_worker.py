@@ -48,10 +48,11 @@ from sglang_hybrid.cpu.capture import PassCapture, modeling_fns
 from sglang_hybrid.cpu.conv_dtype import require_conv_state_dtype, require_float32_conv_state
 from sglang_hybrid.cpu.hf_model import load_hf_model
 from sglang_hybrid.cpu.sampling import next_token, unsupported_sampling
+from sglang_hybrid.cpu.speculative import DraftSchedule, run_chain
 from sglang_hybrid.cpu.split_invariant import split_invariant_conv
 from sglang_hybrid.cpu.state_io import PoolView, restore_cache, store_linear_states, store_new_kv
 from sglang_hybrid.cpu.taps import mark_tap_done, taps_inside
-from sglang_hybrid.cpu.worker import CpuTpWorker
+from sglang_hybrid.cpu.worker import ChainRequest, CpuTpWorker
 
 
 class ModelWorker(CpuTpWorker):
@@ -242,3 +243,53 @@ class ModelWorker(CpuTpWorker):
         store_new_kv(view, cache, prefix, out_cache_loc)
         store_linear_states(view, cache, slot)
         return logits
+
+    def _verify_chain(
+        self, chain: ChainRequest, num_draft_tokens: int, drafts: DraftSchedule
+    ) -> list[int]:
+        """The chain token by token on one cache restored at the committed length: each step
+        is the computation of a plain decode step, so the accepted run is bit for bit what a
+        run without speculation emits. The K/V of every input goes to its reserved slot; the
+        state is stored only after the accepted inputs."""
+        view = self._view
+        if view is None:
+            raise RuntimeError("forward before the Scheduler allocated the pools")
+        req, rid = chain.req, chain.req.rid
+        aborted = req.finished() or getattr(req, "to_finish", None) is not None
+        cache = restore_cache(view, self.hf_config, chain.row, chain.start, chain.slot)
+
+        def step(token: int, position: int) -> int:
+            out = self.hf_model(
+                input_ids=torch.tensor([[token]], dtype=torch.int64, device=self.device),
+                position_ids=torch.tensor([[position]], dtype=torch.int64, device=self.device),
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
+            logits = out.logits[0, -1].to(torch.float32)
+            if self.cuda:
+                logits = logits.cpu()
+            if self.record_logits:
+                # Positions past a rejection are recorded too; the next round overwrites them.
+                self.logits.setdefault(rid, {})[position + 1] = logits.clone()
+                self.pieces.setdefault(rid, []).append((position, position + 1))
+            if aborted:
+                return int(torch.argmax(logits))
+            return next_token(logits, req.sampling_params, position + 1, rid, self.random_seed)
+
+        with (
+            torch.no_grad(),
+            split_invariant_conv(self.hf_model),
+            gdn_kernels.swapped(self.hf_model, self.gdn),
+        ):
+            run = run_chain(
+                step,
+                lambda: store_linear_states(view, cache, chain.slot),
+                bonus=chain.bonus,
+                start=chain.start,
+                num_draft_tokens=num_draft_tokens,
+                drafts=drafts,
+                vocab_size=int(self.model_config.vocab_size),
+            )
+        store_new_kv(view, cache, chain.start, chain.kv_slots.to(self.device))
+        return run

@@ -39,6 +39,9 @@ def register() -> None:
         guard_dispatcher,
         HookType.AFTER,
     )
+    from .spec_register import register_algorithm
+
+    register_algorithm()  # --speculative-algorithm CPU_MTP (inert unless chosen)
     kind = os.environ.get(ENV)
     if kind:
         _install(kind)

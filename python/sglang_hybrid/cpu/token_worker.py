@@ -25,26 +25,19 @@ import torch
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
 from sglang_hybrid.cpu.batch_spans import ReqSpan
+from sglang_hybrid.cpu.mix import mix64
+from sglang_hybrid.cpu.speculative import DraftSchedule, run_chain
 from sglang_hybrid.cpu.taps import mark_tap_done, taps_inside
-from sglang_hybrid.cpu.worker import CpuTpWorker
+from sglang_hybrid.cpu.worker import ChainRequest, CpuTpWorker
 
 # Token ids below this are left to special tokens (the tiny tokenizer puts its specials first).
 TOKEN_FLOOR = 16
-_MASK64 = (1 << 64) - 1
-
-
-def _mix64(x: int) -> int:
-    """SplitMix64 finaliser: a cheap, well-spread, platform-independent integer hash."""
-    x = (x + 0x9E3779B97F4A7C15) & _MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return x ^ (x >> 31)
 
 
 def deterministic_token(rid: str, position: int, vocab_size: int, eos_ids: frozenset[int]) -> int:
     """The token the token worker emits for request ``rid`` at absolute ``position``."""
     span = vocab_size - TOKEN_FLOOR
-    token = TOKEN_FLOOR + _mix64((zlib.crc32(rid.encode()) << 32) ^ position) % span
+    token = TOKEN_FLOOR + mix64((zlib.crc32(rid.encode()) << 32) ^ position) % span
     while token in eos_ids:
         token = TOKEN_FLOOR + (token - TOKEN_FLOOR + 1) % span
     return token
@@ -121,10 +114,38 @@ class TokenWorker(CpuTpWorker):
             decode_reqs=len(spans) if is_decode else 0,
             taps_done=taps_done,
         )
+        self._record(work)
+        return torch.tensor(tokens, dtype=torch.int64)
+
+    def _record(self, work: BatchWork) -> None:
         self.totals.add(work)
         self.last = work
         if self.keep_history:
             self.history.append(work)
         if self.on_batch is not None:
             self.on_batch(work)
-        return torch.tensor(tokens, dtype=torch.int64)
+
+    def _verify_chain(
+        self, chain: ChainRequest, num_draft_tokens: int, drafts: DraftSchedule
+    ) -> list[int]:
+        rid = chain.req.rid
+
+        def step(token: int, position: int) -> int:
+            return deterministic_token(rid, position + 1, self.vocab_size, self.eos_ids)
+
+        run = run_chain(
+            step,
+            lambda: None,  # no state to commit: the token worker computes nothing
+            bonus=chain.bonus,
+            start=chain.start,
+            num_draft_tokens=num_draft_tokens,
+            drafts=drafts,
+            vocab_size=self.vocab_size,
+        )
+        self.count_verify(chain.start, num_draft_tokens)
+        return run
+
+    def count_verify(self, start: int, n: int) -> None:
+        """Account one request's verify of ``n`` inputs from ``start`` (a decode of ``n``)."""
+        pairs = start * n + n * (n + 1) // 2
+        self._record(BatchWork("TARGET_VERIFY", 1, 0, pairs, decode_reqs=1, taps_done=0))

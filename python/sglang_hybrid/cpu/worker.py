@@ -23,7 +23,7 @@ Contract:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any, NamedTuple, NoReturn
 
 import torch
 from sglang.srt.server_args import ServerArgs
@@ -31,6 +31,8 @@ from sglang.srt.server_args import ServerArgs
 from sglang_hybrid.cpu.batch_spans import ReqSpan, batch_spans
 from sglang_hybrid.cpu.errors import unsupported
 from sglang_hybrid.cpu.runner import CpuModelRunner
+from sglang_hybrid.cpu.speculative import ALGORITHM as SPEC_ALGORITHM
+from sglang_hybrid.cpu.speculative import DraftSchedule
 
 
 @dataclass(slots=True)
@@ -41,6 +43,17 @@ class _DeferredMambaOps:
     mamba_clear_indices: torch.Tensor | None
     mamba_cow_src_indices: torch.Tensor | None
     mamba_cow_dst_indices: torch.Tensor | None
+
+
+class ChainRequest(NamedTuple):
+    """One request of a speculative decode pass."""
+
+    req: Any  # sglang Req
+    row: int  # its req_to_token row
+    slot: int  # its mamba state slot
+    start: int  # committed length: the bonus token's position
+    bonus: int
+    kv_slots: torch.Tensor  # int64, one per chain input, from the scheduler's reserve
 
 
 def _resolve_seed(random_seed: int | None, server_args: ServerArgs) -> int:
@@ -96,8 +109,12 @@ class CpuTpWorker:
         from sglang.srt.runtime_context import get_parallel, get_schedule, get_spec
         from sglang.srt.utils import set_random_seed
 
-        if is_draft_worker or get_spec().speculative_algorithm is not None:
-            unsupported("speculative decoding (draft workers)")
+        algorithm = get_spec().speculative_algorithm
+        if is_draft_worker or algorithm not in (None, SPEC_ALGORITHM):
+            unsupported(
+                f"speculative decoding with {algorithm} (the CPU workers serve "
+                f"--speculative-algorithm {SPEC_ALGORITHM}, speculative.py)"
+            )
         if req_to_token_pool is not None or token_to_kv_pool_allocator is not None:
             unsupported("pools shared from another worker")
         parallel = get_parallel()
@@ -327,6 +344,49 @@ class CpuTpWorker:
         return GenerationBatchResult(
             logits_output=None, next_token_ids=next_token_ids, can_run_cuda_graph=False
         )
+
+    def verify_chains(
+        self,
+        batch: Any,
+        *,
+        bonus: list[int],
+        num_draft_tokens: int,
+        drafts: DraftSchedule,
+    ) -> list[list[int]]:
+        """A speculative decode pass (``speculative.py``): each request's accepted run.
+
+        Request ``i`` verifies ``[bonus[i], d1 ..]`` from its committed length
+        (``batch.seq_lens``) into the ``num_draft_tokens`` slots SGLang reserved after it.
+        """
+        if batch.return_logprob:
+            unsupported("logprobs (return_logprob)")
+        self.set_hicache_consumer(batch.hicache_consumer_index)
+        self._run_deferred_mamba_ops(batch)
+        pool = self._model_runner.req_to_token_pool
+        seq_lens = batch.seq_lens_cpu if batch.seq_lens_cpu is not None else batch.seq_lens
+        rows = batch.req_pool_indices.to(torch.int64).tolist()
+        slots = pool.translate_mamba_indices(
+            pool.get_mamba_indices(batch.req_pool_indices)
+        ).tolist()
+        runs = []
+        for i, req in enumerate(batch.reqs):
+            start = int(seq_lens[i])
+            end = start + num_draft_tokens
+            if req.kv.kv_allocated_len < end:
+                raise RuntimeError(
+                    f"{req.rid!r}: verify needs KV slots up to {end}, SGLang reserved "
+                    f"{req.kv.kv_allocated_len}"
+                )
+            kv_slots = pool.req_to_token[rows[i], start:end].to(torch.int64)
+            chain = ChainRequest(req, rows[i], int(slots[i]), start, int(bonus[i]), kv_slots)
+            runs.append(self._verify_chain(chain, num_draft_tokens, drafts))
+        return runs
+
+    def _verify_chain(
+        self, chain: ChainRequest, num_draft_tokens: int, drafts: DraftSchedule
+    ) -> list[int]:
+        """One request's accepted run (``speculative.run_chain`` over this worker's model)."""
+        unsupported("speculative verification")
 
     def _run_deferred_mamba_ops(self, batch: Any) -> None:
         """SGLang's own deferred COW/clear of mamba slots, on this worker's runner."""

@@ -112,7 +112,10 @@ def workload(name: str, args: argparse.Namespace) -> list[LiveRequest]:
     return from_trace(trace)
 
 
-def server_config(model: Path, workers: int, kv_tokens: int, slots: int) -> ServerConfig:
+def server_config(
+    model: Path, workers: int, kv_tokens: int, slots: int, host_mib: int = 0
+) -> ServerConfig:
+    """One of ``workers`` servers sharing the budgets evenly (KV tokens, state slots, host MiB)."""
     return ServerConfig(
         model,
         cache="hybrid",
@@ -121,7 +124,7 @@ def server_config(model: Path, workers: int, kv_tokens: int, slots: int) -> Serv
         max_mamba_cache_size=slots // workers,
         max_running_requests=RUNNING,
         chunked_prefill_size=CHUNK,
-        host_cache_mib=0,
+        host_cache_mib=host_mib // workers,
         extra=["--context-length", str(CONTEXT)],
     )
 
@@ -181,8 +184,12 @@ def run(args: argparse.Namespace, on_result: Callable[[RunResult], None]) -> lis
     for n in args.workers:
         policies = ("round_robin",) if n == 1 else tuple(args.policies)
         kv, slots = args.total_kv_tokens, args.total_slots
-        _say(f"{n} server(s), {kv // n:,} KV tokens and {slots // n} slots each")
-        cfg = server_config(model, n, kv, slots)
+        host = args.total_host_mib
+        _say(
+            f"{n} server(s), {kv // n:,} KV tokens, {slots // n} slots and "
+            f"{host // n} MiB of host tier each"
+        )
+        cfg = server_config(model, n, kv, slots, host)
         fdir = raw / f"{n}w"
         with Fleet([cfg] * n, policies[0], fdir, router=router, on_progress=_say) as fleet:
             for name, reqs in loads.items():
@@ -284,6 +291,12 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--mooncake-requests", type=int, default=200)
     p.add_argument("--total-kv-tokens", type=int, default=TOTAL_KV_TOKENS)
     p.add_argument("--total-slots", type=int, default=TOTAL_SLOTS)
+    p.add_argument(
+        "--total-host-mib",
+        type=int,
+        default=0,
+        help="host tier (--hybrid-host-cache-mib) split evenly over the servers; 0: none",
+    )
     p.add_argument("--out", default="docs/results/scale-out")
     p.add_argument("--raw", default="out/scale-out")
     args = p.parse_args(argv)
@@ -296,8 +309,11 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     if 1 not in args.workers:
         p.error("--workers must include 1 (the reference: one server with all the memory)")
     kv, slots = args.total_kv_tokens, args.total_slots
-    if any(n < 1 or slots % n or kv % n for n in args.workers):
-        p.error(f"--workers: each count must divide {slots} slots and {kv} KV tokens")
+    host = args.total_host_mib
+    if host < 0:
+        p.error(f"--total-host-mib {host}: must be 0 or more")
+    if any(n < 1 or slots % n or kv % n or host % n for n in args.workers):
+        p.error(f"--workers: each count must divide {slots} slots, {kv} KV tokens and {host} MiB")
     return args
 
 
@@ -316,6 +332,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "machine": f"{platform.machine()}, {platform.python_version()}",
         "total_kv_tokens": args.total_kv_tokens,
         "total_slots": args.total_slots,
+        "total_host_mib": args.total_host_mib,
         "running_per_server": RUNNING,
         "results": [asdict(r) for r in results],
     }

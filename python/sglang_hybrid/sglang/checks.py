@@ -40,6 +40,9 @@ BLOCK = 64
 SCALED_KV_DTYPES = ("nvfp4", "fp4_mx_block16", "mxfp8")
 
 HND_ENV = "SGLANG_USE_HND_KVCACHE"
+# The speculative algorithm the CPU workers register (``cpu/speculative.py``; named here so this
+# layer does not import the workers): the one the cache accepts (issue #14).
+SPEC_ON_CPU = "CPU_MTP"
 
 
 def _get(view: Any, name: str, default: Any = None) -> Any:
@@ -146,10 +149,13 @@ def check_server_args(view: Any) -> None:
             f"snapshots; use --mamba-radix-cache-strategy no_buffer (or leave it out)"
         )
     algo = _get(view, "speculative_algorithm")
-    if algo not in (None, "", "NONE"):
+    if algo not in (None, "", "NONE", SPEC_ON_CPU):
         raise ConfigError(
-            f"--speculative-algorithm {algo}: not supported with --radix-cache hybrid yet "
-            f"(committed frontiers would lag the snapshots); drop it"
+            f"--speculative-algorithm {algo}: not supported with --radix-cache hybrid yet: the "
+            f"draft model's KV pool is not copied with a block's tail or restored from the host, "
+            f"and no run of SGLang's speculative workers backs it (they need a GPU; "
+            f"{SPEC_ON_CPU} serves SGLang's speculative scheduler path on the CPU workers); "
+            f"drop it"
         )
     if (_get(view, "pp_size") or 1) > 1:
         raise ConfigError("--pp-size > 1: not supported with --radix-cache hybrid")
