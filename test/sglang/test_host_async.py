@@ -22,6 +22,11 @@ def toks(n: int) -> list[int]:
     return [rng.randrange(10, 2000) for _ in range(n)]
 
 
+def _toks(seed: int, n: int) -> list[int]:
+    r = random.Random(seed)
+    return [r.randrange(10, 2000) for _ in range(n)]
+
+
 @pytest.fixture
 def slow_copies(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     """Every host copy operation sleeps 30 ms on the copy worker before it copies."""
@@ -147,3 +152,55 @@ def test_an_abort_while_the_restore_runs_leaves_nothing_behind(build, slow_copie
     idx.check_integrity()
     again = h.run(turn2, max_new=4)  # the restored blocks are ordinary cached blocks now
     assert again.cached_tokens > 0
+
+
+@pytest.mark.parametrize("capped", [True, False])
+def test_a_burst_of_restores_leaves_the_running_requests_their_state_slots(
+    build, monkeypatch, capped: bool
+) -> None:
+    """Follow-ups of six conversations whose states live only on the host arrive together, and
+    new requests behind them, while three requests decode (the server crash of a scale-out run
+    with the host tier). Each asynchronous restore stages its image in a MambaPool slot outside
+    the snapshot slots; SGLang gives admitted requests state slots without asking the cache and
+    dies when none is free (``alloc_req_slots``). Staging is capped at what the running requests
+    leave (``LoadBack.staging_room``): the burst restores one at a time, those refused a slot
+    wait out of admission (else a refused head ends every pass before the restored request whose
+    admission frees the slot), and every request resumes from the host exactly. Uncapped (the
+    check that the scenario bites), staging takes more than that."""
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
+    # 12 state slots: 4 for running requests, 7 snapshot slots, so 1 for staging.
+    h = build(total=16384, running=4, mamba=12, chunk=256, opts={"host_cache_mib": 32})
+    lb = h.cache.load_back
+    if not capped:
+        monkeypatch.setattr(type(lb), "staging_room", lambda self: 1 << 20)
+    convs = [_toks(300 + i, 300) for i in range(6)]
+    outs = [list(h.run(c, max_new=20).output_ids) for c in convs]
+    h.cache.evict(EvictParams(num_tokens=1 << 30))  # every block and image to the host only
+    for s in list(h.cache.index.snapshots.values()):
+        if s.image_on_host and s.image_on_device and not s.restore_pins:
+            h.cache.index.drop_image_device(s)
+    most = 0
+    spare = h.cache.state_slots - h.cache.snapshot_slot_count - h.cache.config.concurrency
+    for i in range(3):  # decoding requests hold three of the running requests' slots
+        h.s.submit(f"long{i}", _toks(500 + i, 100), 120)
+    for _ in range(4):
+        h.s.step()
+    for i, (c, out) in enumerate(zip(convs, outs, strict=True)):
+        h.s.submit(f"b{i}", c + out + _toks(400 + i, 30), 4)
+    for i in range(3):  # new requests behind them, admitted while the burst's copies land
+        h.s.submit(f"new{i}", _toks(600 + i, 50), 4)
+    while h.s.has_work():
+        h.s.step()
+        h.check_mamba()
+        most = max(most, lb.staged_slots())
+    if not capped:
+        assert most > spare  # staging ate slots SGLang counts on for admitted requests
+        return
+    h.s.on_idle()
+    res = h.s.results()
+    for i in range(len(convs)):
+        assert res[f"b{i}"].cached_tokens >= 256  # resumed from the host: the prompt's taps
+    assert h.cache.host_tier.restored_blocks > 0
+    assert 0 < most <= spare
+    assert lb.staging_refused > 0  # the burst did wait for staging room

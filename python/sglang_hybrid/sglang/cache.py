@@ -94,6 +94,7 @@ class HybridRadixCache(BasePrefixCache):
         self.config = config
         self.options = options
         self.mamba_allocator = r2t.mamba_allocator
+        self.state_slots = int(r2t.mamba_pool.size)  # the MambaPool: requests, snapshots, staging
         kv_pool = self.token_to_kv_pool_allocator.get_kvcache()
         # Every tensor handed to SGLang's pools and allocators is made on this device (the KV
         # pool's and the MambaPool's); "cpu" strings in this package only name host metadata.
@@ -229,6 +230,11 @@ class HybridRadixCache(BasePrefixCache):
 
     def slot_id(self, slot: int) -> int:
         return self._slot_ids[slot]
+
+    @property
+    def snapshot_slot_count(self) -> int:
+        """MambaPool slots the cache holds as snapshot slots (0 after a flush until reserved)."""
+        return len(self._slot_ids)
 
     @property
     def slots_reserved(self) -> bool:

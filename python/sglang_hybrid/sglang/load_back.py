@@ -52,6 +52,12 @@ class LoadBack:
         self.pass_adder: PrefillAdder | None = None
         # Restore staging slots (MambaPool) freed at the next poll; only changed here.
         self.free_next_poll: list[torch.Tensor] = []
+        # Requests refused a staging slot, held out of admission passes until one frees (a
+        # refused head would otherwise end every pass before the restored request behind it,
+        # whose admission frees the slot). Request ids: every rank holds the same requests.
+        self.staging_wait: set[str] = set()
+        self.staging_refused = 0  # restores that waited for a staging slot
+        self.staging_skipped = 0  # host hits recomputed: the pool leaves no staging slot at all
 
     def note_adder(self, adder: PrefillAdder | None) -> None:
         self.pass_adder = adder
@@ -64,6 +70,19 @@ class LoadBack:
         if host is not None and host.restores:
             staged = sum(p.staging is not None for p in host.restores.values())
         return staged + len(self.free_next_poll)
+
+    def staging_room(self) -> int:
+        """Staging slots an asynchronous restore may take now.
+
+        SGLang hands running requests state slots without asking the cache: its admission
+        counts requests (``--max-running-requests``), not MambaPool slots, and a failed slot
+        allocation is fatal (``alloc_req_slots`` raises and the scheduler dies). So the pool
+        keeps ``max_running`` slots for requests, the snapshot slots are the cache's, and
+        staging takes only what is left; a burst of restores beyond that waits a pass each.
+        """
+        cache = self.cache
+        spare = cache.state_slots - cache.snapshot_slot_count - cache.config.concurrency
+        return spare - self.staged_slots()
 
     def copies_in_flight(self) -> bool:
         """Host copies not yet retired (or a staging slot not yet freed): the scheduler's loop
@@ -124,6 +143,13 @@ class LoadBack:
             # The request is not admitted in this pass, and SGLang frees the state slot of a
             # request it did not admit: the image lands in a slot of the cache's own, which the
             # request copies on write from once admitted (freed at the next poll after that).
+            if self.staging_room() <= 0:
+                if not self.staged_slots():  # none will free: this pool has no staging room
+                    self.staging_skipped += 1
+                    return 0, dev
+                self.staging_refused += 1
+                self.staging_wait.add(req.rid)
+                return None
             staging = self.mamba_allocator.alloc(1)
             if staging is None:
                 return None
@@ -253,19 +279,25 @@ class LoadBack:
 
     def held_for_restores(self, queue: list[Req]) -> list[Req]:
         """Waiting requests to hold out of this admission pass while restores land: those whose
-        own restore runs, and those near the queue's head whose prompt runs through blocks
-        being filled (matched now they would resume short of the blocks on their way back, a
-        request arriving with the one that restores them most of all, as coalescing's siblings
-        do). O(requests checked x their blocks), only while a fill is in flight."""
+        own restore runs, those waiting for a staging slot (``staging_room``), and those near the
+        queue's head whose prompt runs through blocks being filled (matched now they would
+        resume short of the blocks on their way back, a request arriving with the one that
+        restores them most of all, as coalescing's siblings do). O(requests checked x their
+        blocks), only while a fill is in flight or a request waits for staging."""
         host = self.cache.host_tier
-        if host is None or not host.filling:
+        if host is None:
             return []
-        mine = host.restoring()
+        if self.staging_wait and (self.staging_room() > 0 or not self.staged_slots()):
+            self.staging_wait.clear()  # a staging slot is free (or none will be): try again
+        if not host.filling and not self.staging_wait:
+            return []
+        mine = host.restoring() | self.staging_wait
+        filling = host.filling
         held: list[Req] = []
         for i, req in enumerate(queue):
             if req.rid in mine:
                 held.append(req)
-            elif i < FILL_WAIT_WINDOW and (key := waiting_key(req)) is not None:
+            elif filling and i < FILL_WAIT_WINDOW and (key := waiting_key(req)) is not None:
                 m = self.cache.index.match(key)
                 if m.settled_blocks < len(m.path):
                     held.append(req)
