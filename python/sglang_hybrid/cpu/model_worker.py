@@ -25,6 +25,10 @@ Contract:
   ``record_logits``). Cost: no extra model call, a < 64-token rule recompute per off-grid tap
   and linear layer. A captured state equals what a pass ending there stores up to the rounding
   of the GEMMs before the rule, which see another number of rows (~1e-6; ``split_invariant``).
+- Speculative verify (``_verify_chain``, ``--speculative-algorithm CPU_MTP``): the chain runs
+  token by token on one cache restored at the committed length, each step the computation of a
+  plain decode step (so the accepted run equals a run without speculation bit for bit); the K/V
+  of every input goes to its reserved slot, the state is stored after the accepted inputs only.
 - CUDA build (``ServerArgs.device == "cuda"``, used by ``benchmark/gpu/check_backend.py``): the
   model runs on the GPU in the ServerArgs dtype (bf16 or fp16, as served), SGLang's pools are on
   the GPU (KV and conv state in that dtype: ``SGLANG_MAMBA_CONV_DTYPE`` must match it; recurrent

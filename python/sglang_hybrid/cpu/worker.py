@@ -10,7 +10,8 @@ Contract:
 - Every public method of ``TpModelWorker`` / ``BaseTpWorker`` that SGLang's managers call exists
   here and either works (pool access, worker info, the no-op CUDA-graph / attention / HiCache
   set-up calls, ``get_decode_cuda_graph_bs() == []``) or raises ``CpuWorkerUnsupported`` naming
-  the feature (weight updates, LoRA, embeddings, split prefill, speculative decoding, logprobs).
+  the feature (weight updates, LoRA, embeddings, split prefill, draft workers and speculative
+  algorithms other than ``CPU_MTP``, logprobs).
   Any other attribute lookup raises ``CpuWorkerUnsupported`` too; it subclasses both
   ``NotImplementedError`` and ``AttributeError`` so ``hasattr``/``getattr(..., default)`` still
   answer "absent".
@@ -18,6 +19,9 @@ Contract:
   (``ModelRunner._maybe_execute_deferred_mamba_cow_and_clear``, called unbound on this worker's
   runner) before anything reads a state slot, then asks the subclass for one next token per
   request (``_next_tokens``) and returns a ``GenerationBatchResult``.
+- ``verify_chains(batch, ...)``: a speculative decode pass of ``--speculative-algorithm CPU_MTP``
+  (``speculative.py``), the same deferred ops first, then one accepted run per request from the
+  subclass (``_verify_chain``) over the KV slots SGLang reserved after the committed length.
 """
 
 from __future__ import annotations
