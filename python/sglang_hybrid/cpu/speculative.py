@@ -105,10 +105,9 @@ class CpuSpecWorker:
     ) -> None:
         from sglang.srt.runtime_context import get_spec
 
-        from sglang_hybrid.cpu.worker import CpuTpWorker
-
         super().__init__()
-        if not isinstance(target_worker, CpuTpWorker):
+        # Duck-typed (worker.py imports this module): the CPU workers' verify entry point.
+        if not callable(getattr(target_worker, "verify_chains", None)):
             raise TypeError(
                 f"--speculative-algorithm {ALGORITHM} runs on the sglang_hybrid CPU workers "
                 f"(--hybrid-cpu-worker); the target is {type(target_worker).__name__}"
