@@ -109,9 +109,7 @@ def test_an_overshooting_round_publishes_no_endpoint_past_the_stop(build) -> Non
     h = build(chunk=256, opts={"tap_mode": "split"}, **SPEC)
     _spec_worker(h).drafts = DraftSchedule(miss_every=0)  # every draft right: runs of 4
     a = _prompt(4, 200)
-    r = h.s  # the request's own record, for the committed length
-    h.run(a, max_new=50, rid="over")
-    req_out = list(r.results()["over"].output_ids)
+    req_out = list(h.run(a, max_new=50, rid="over").output_ids)
     assert len(req_out) == 50
     assert not _endpoints(h) & {len(a) + 49}
     follow = h.run(a + req_out + _prompt(5, 20), max_new=2)

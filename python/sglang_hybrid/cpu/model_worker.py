@@ -183,22 +183,20 @@ class ModelWorker(CpuTpWorker):
                     req_pool_indices[span.index],
                     int(slots[span.index]),
                 )
-                if self.cuda:  # sampling and recording happen on the CPU
-                    logits = logits.cpu()
-                position = span.prefix_len + span.extend_len
-                if self.record_logits:
-                    self.logits.setdefault(span.req.rid, {})[position] = logits.clone()
-                if span.req.finished() or getattr(span.req, "to_finish", None) is not None:
-                    # Aborted at admission (SGLang still runs its one placeholder token): the token
-                    # is discarded, and its sampling parameters may be ones we refuse.
-                    tokens.append(int(torch.argmax(logits)))
-                    continue
-                tokens.append(
-                    next_token(
-                        logits, span.req.sampling_params, position, span.req.rid, self.random_seed
-                    )
-                )
+                tokens.append(self._choose(span.req, logits, span.prefix_len + span.extend_len))
         return torch.tensor(tokens, dtype=torch.int64)
+
+    def _choose(self, req: Any, logits: torch.Tensor, position: int) -> int:
+        """The token at ``position`` from the logits that predict it (recorded if asked)."""
+        if self.cuda:  # sampling and recording happen on the CPU
+            logits = logits.cpu()
+        if self.record_logits:
+            self.logits.setdefault(req.rid, {})[position] = logits.clone()
+        if req.finished() or getattr(req, "to_finish", None) is not None:
+            # Aborted at admission (SGLang still runs its one placeholder token): the token is
+            # discarded, and its sampling parameters may be ones we refuse.
+            return int(torch.argmax(logits))
+        return next_token(logits, req.sampling_params, position, req.rid, self.random_seed)
 
     def _forward_request(
         self,
@@ -258,8 +256,7 @@ class ModelWorker(CpuTpWorker):
         view = self._view
         if view is None:
             raise RuntimeError("forward before the Scheduler allocated the pools")
-        req, rid = chain.req, chain.req.rid
-        aborted = req.finished() or getattr(req, "to_finish", None) is not None
+        req = chain.req
         cache = restore_cache(view, self.hf_config, chain.row, chain.start, chain.slot)
 
         def step(token: int, position: int) -> int:
@@ -270,16 +267,10 @@ class ModelWorker(CpuTpWorker):
                 use_cache=True,
                 logits_to_keep=1,
             )
-            logits = out.logits[0, -1].to(torch.float32)
-            if self.cuda:
-                logits = logits.cpu()
             if self.record_logits:
                 # Positions past a rejection are recorded too; the next round overwrites them.
-                self.logits.setdefault(rid, {})[position + 1] = logits.clone()
-                self.pieces.setdefault(rid, []).append((position, position + 1))
-            if aborted:
-                return int(torch.argmax(logits))
-            return next_token(logits, req.sampling_params, position + 1, rid, self.random_seed)
+                self.pieces.setdefault(req.rid, []).append((position, position + 1))
+            return self._choose(req, out.logits[0, -1].to(torch.float32), position + 1)
 
         with (
             torch.no_grad(),

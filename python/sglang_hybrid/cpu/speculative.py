@@ -117,7 +117,6 @@ class CpuSpecWorker:
         self._target_worker = target_worker
         self._draft_worker = None
         self.model_runner = target_worker.model_runner
-        self.num_steps = int(spec.speculative_num_steps)
         self.num_draft_tokens = int(spec.speculative_num_draft_tokens)
         self.drafts = DraftSchedule()
         self.rounds = 0
