@@ -78,6 +78,7 @@ def run(
     source: str = "best",
     kind: SnapshotKind = SnapshotKind.TAP,
     page: int = 1,
+    origin: int = 0,
 ) -> list[Snapshot]:
     """One request: match, resume from s*, commit all, publish taps and the endpoint, release.
 
@@ -93,7 +94,7 @@ def run(
     out: list[Snapshot] = []
     for p in sorted(taps):
         slot = index.reserve_slot(lane, p, kind)
-        if slot is not None and (s := index.publish(lane, k, p, slot, kind)) is not None:
+        if slot is not None and (s := index.publish(lane, k, p, slot, kind, origin=origin)):
             out.append(s)
     f = len(ids)
     if endpoint and (slot := index.reserve_slot(lane, f, SnapshotKind.ENDPOINT)) is not None:

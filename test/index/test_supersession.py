@@ -6,6 +6,7 @@ from helpers import Device, key, make_index, run
 
 from sglang_hybrid.index import Residency, SnapshotKind
 from sglang_hybrid.index.device_slots import SlotSource
+from sglang_hybrid.index.taps import TapSource
 
 X = list(range(1, 1000))
 
@@ -33,6 +34,23 @@ def test_taps_in_one_prompt_supersede_the_previous_tap_but_not_the_last() -> Non
     idx, dev = make_index(host_slabs=200, slots=6), Device()
     t1, t2, end = run(idx, dev, X[:300], taps=[128, 256])
     assert t1.superseded and not t2.superseded and not end.superseded
+
+
+def test_ladder_taps_are_not_superseded_by_the_same_prompts_later_taps() -> None:
+    # A ladder tap is placed for a later prompt that shares this one's prefix and leaves it
+    # somewhere before the end: the prompt's deeper taps cannot serve that prompt.
+    idx, dev = make_index(host_slabs=200, slots=6), Device()
+    t1, t2, end = run(idx, dev, X[:300], taps=[128, 256], origin=TapSource.LADDER)
+    assert not t1.superseded and not t2.superseded and not end.superseded
+    # A later prompt that leaves this one between the two taps resumes from the first.
+    m = idx.match(key(X[:200] + [7] * 70))
+    assert m.best is t1
+    # The lineage rule still holds: a request resuming from a ladder tap supersedes it.
+    lane = idx.open_lane(m, m.best)
+    idx.release(lane)
+    run(idx, dev, X[:200] + [7] * 70)
+    assert t1.superseded
+    idx.check_integrity()
 
 
 def test_boundary_superseded_only_while_the_tree_below_is_a_single_chain() -> None:

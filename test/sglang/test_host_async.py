@@ -166,7 +166,7 @@ def test_a_burst_of_restores_leaves_the_running_requests_their_state_slots(
     leave (``LoadBack.staging_room``): the burst restores one at a time, those refused a slot
     wait out of admission (else a refused head ends every pass before the restored request whose
     admission frees the slot), and every request resumes from the host exactly. Uncapped (the
-    check that the scenario bites), staging takes more than that."""
+    check that the scenario bites), staging takes more than that, or SGLang's allocation fails."""
     from sglang.srt.mem_cache.base_prefix_cache import EvictParams
 
     # 12 state slots: 4 for running requests, 7 snapshot slots, so 1 for staging.
@@ -190,10 +190,15 @@ def test_a_burst_of_restores_leaves_the_running_requests_their_state_slots(
         h.s.submit(f"b{i}", c + out + _toks(400 + i, 30), 4)
     for i in range(3):  # new requests behind them, admitted while the burst's copies land
         h.s.submit(f"new{i}", _toks(600 + i, 50), 4)
-    while h.s.has_work():
-        h.s.step()
-        h.check_mamba()
-        most = max(most, lb.staged_slots())
+    try:
+        while h.s.has_work():
+            h.s.step()
+            h.check_mamba()
+            most = max(most, lb.staged_slots())
+    except AssertionError as e:
+        if capped or "Not enough space for mamba cache" not in str(e):
+            raise
+        return  # uncapped: SGLang's slot allocation for an admitted request failed (the crash)
     if not capped:
         assert most > spare  # staging ate slots SGLang counts on for admitted requests
         return
