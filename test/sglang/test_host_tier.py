@@ -11,6 +11,8 @@ import random
 
 import pytest
 
+from sglang_hybrid.index.taps import TapSource
+
 rng = random.Random(11)
 
 
@@ -93,6 +95,33 @@ def test_host_pressure_reclaims_dead_kv_and_superseded_first(build) -> None:
     usage = h.cache.host_tier.usage()
     assert usage.kv_bytes + usage.image_bytes + usage.free_bytes == 4 << 20
     print(f"\nhost pressure: {stats}; usage {usage}")
+
+
+def test_a_prompt_leaving_an_earlier_one_before_its_end_resumes_from_its_ladder_tap(build) -> None:
+    """Token-id traffic: a later prompt shares 1,300 tokens of a 2,000-token prompt and leaves it
+    there. The earlier prompt's ladder taps (512-token ladder: 1,024 and 1,536) are placed for
+    exactly that prompt. With a host tier under write pressure (1 MiB, eight slabs) its
+    superseded snapshots go first, both copies: before ladder taps were exempt from supersession
+    by their own prompt's later taps, the tail tap's publication superseded them and the
+    write-through at release deleted them, and the later prompt recomputed everything (the
+    scale-out Mooncake anomaly, ``docs/scale-out.md``)."""
+    h = host(
+        build,
+        mib=1,
+        total=16384,
+        running=2,
+        mamba=8,
+        chunk=256,
+        opts={"tap_ladder": 512, "tap_min_gap": 256},
+    )
+    a = toks(2000)
+    h.run(a, max_new=4)
+    ladder = sorted(
+        s.frontier for s in h.cache.index.snapshots.values() if s.origin == TapSource.LADDER
+    )
+    assert ladder == [1024, 1536]
+    b = h.run(a[:1300] + toks(200), max_new=4)
+    assert b.cached_tokens == 1024
 
 
 def test_random_admissions_cancels_and_pressure_leave_nothing_pinned(build) -> None:
