@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from helpers import Device, key, make_index, run
 
 from sglang_hybrid.index import Residency, SnapshotKind
@@ -36,11 +37,14 @@ def test_taps_in_one_prompt_supersede_the_previous_tap_but_not_the_last() -> Non
     assert t1.superseded and not t2.superseded and not end.superseded
 
 
-def test_ladder_taps_are_not_superseded_by_the_same_prompts_later_taps() -> None:
-    # A ladder tap is placed for a later prompt that shares this one's prefix and leaves it
-    # somewhere before the end: the prompt's deeper taps cannot serve that prompt.
+@pytest.mark.parametrize("origin", [TapSource.LADDER, TapSource.FOLLOWUP])
+def test_ladder_and_followup_taps_are_not_superseded_by_the_same_prompts_later_taps(
+    origin: TapSource,
+) -> None:
+    # Both are placed for a later prompt that shares this one's prefix and leaves it before the
+    # end: the prompt's deeper taps cannot serve that prompt.
     idx, dev = make_index(host_slabs=200, slots=6), Device()
-    t1, t2, end = run(idx, dev, X[:300], taps=[128, 256], origin=TapSource.LADDER)
+    t1, t2, end = run(idx, dev, X[:300], taps=[128, 256], origin=origin)
     assert not t1.superseded and not t2.superseded and not end.superseded
     # A later prompt that leaves this one between the two taps resumes from the first.
     m = idx.match(key(X[:200] + [7] * 70))

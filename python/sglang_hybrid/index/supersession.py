@@ -1,10 +1,10 @@
 """Supersession (spec §9.3): which snapshots a lane's new snapshot supersedes.
 
 A lane's new snapshot supersedes the snapshot the lane resumed from and, for a tap, the lane's
-previous tap (a ladder tap excepted, see ``lineage``): a conversation moving on leaves its older
-states to the first host eviction. A
-Boundary snapshot is shared by prompts that diverge after it, so it is superseded only while the
-tree below it is a single chain. :class:`~.prefix_index.PrefixIndex` applies what these queries
+previous tap (ladder and follow-up taps excepted, see ``lineage``): a conversation moving on
+leaves its older states to the first host eviction. A Boundary snapshot is shared by prompts
+that diverge after it, so it is superseded only while the tree below it is a single chain.
+:class:`~.prefix_index.PrefixIndex` applies what these queries
 return (it owns the ``superseded`` list); they change nothing.
 """
 
@@ -38,20 +38,21 @@ def lineage(
     before the turn's first opener's (which GDSF values low: it saves few tokens over the
     snapshot below it).
 
-    A ladder tap is never superseded by its own prompt's later taps (issue #18's host-tier
-    anomaly). The ladder is there for a later prompt that shares this one's prefix and leaves it
-    somewhere before the end, which the prompt's deeper taps cannot serve; superseded, every
-    ladder tap but the last was the first thing either tier evicted, so under pressure a prompt
-    kept only its tail (one server with a host tier reused 5,120 tokens of a Mooncake slice, 31,744
-    without). GDSF values a ladder tap by what it saves over the snapshot below it. A request
-    that resumes from a ladder tap still supersedes it (``src``), as any lineage does.
+    A ladder or follow-up tap is never superseded by its own prompt's later taps (issue #18's
+    host-tier anomaly). Both are placed for a later prompt that shares this one's prefix and
+    leaves it before the end (the ladder: anywhere; the follow-up tap: where later prompts were
+    seen to leave earlier ones), which the prompt's deeper taps cannot serve. Superseded, they
+    were the first thing either tier evicted, so under pressure a prompt kept only its tail (one
+    server with a host tier reused 5,120 tokens of a Mooncake slice, 31,744 without). GDSF values
+    them by what they save over the snapshot below. A request that resumes from one still
+    supersedes it (``src``), as any lineage does.
     """
     src = lane.resumed_from
     step_tap = None
     if src is not None and src.lineage_tap >= 0:
         step_tap = snapshots.get(src.lineage_tap)
     last = lane.last_tap if kind is not SnapshotKind.ENDPOINT else None
-    if last is not None and last.origin == TapSource.LADDER:
+    if last is not None and last.origin in (TapSource.LADDER, TapSource.FOLLOWUP):
         last = None  # kept for prompts leaving this one before its end (above)
     out: list[Snapshot] = []
     for t in (src, last, step_tap):
