@@ -46,13 +46,13 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check python test benchmark sgl-kernel-ext examples
 	$(VENV)/bin/mypy
 
-# The GPU check's CPU smoke mode (every stage at tiny shapes, ~8 min) is its own target: CI runs
-# the check's dry run (its imports and CUDA-free paths) and the suites it reuses.
 # Two pytest-xdist workers, one test file each at a time (--dist loadfile keeps a file's
 # module-scoped servers and schedulers in one process): 10 min instead of 29 on 2 cores.
 # TEST_WORKERS=0 runs serially (pytest-xdist's -n 0).
 TEST_WORKERS ?= 2
 
+# The GPU check's CPU smoke mode (every stage at tiny shapes, ~8 min) is its own target: CI runs
+# the check's dry run (its imports and CUDA-free paths) and the suites it reuses.
 test: $(STAMP) $(KEXT_STAMP) lint
 	$(PY) -m pytest -q -m "not gpu_smoke" -n $(TEST_WORKERS) --dist loadfile
 

@@ -49,7 +49,7 @@ def test_ladder_and_followup_taps_are_not_superseded_by_the_same_prompts_later_t
     # A later prompt that leaves this one between the two taps resumes from the first.
     m = idx.match(key(X[:200] + [7] * 70))
     assert m.best is t1
-    # The lineage rule still holds: a request resuming from a ladder tap supersedes it.
+    # The lineage rule still holds: a request resuming from such a tap supersedes it.
     lane = idx.open_lane(m, m.best)
     idx.release(lane)
     run(idx, dev, X[:200] + [7] * 70)

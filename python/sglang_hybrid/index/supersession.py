@@ -4,8 +4,8 @@ A lane's new snapshot supersedes the snapshot the lane resumed from and, for a t
 previous tap (ladder and follow-up taps excepted, see ``lineage``): a conversation moving on
 leaves its older states to the first host eviction. A Boundary snapshot is shared by prompts
 that diverge after it, so it is superseded only while the tree below it is a single chain.
-:class:`~.prefix_index.PrefixIndex` applies what these queries
-return (it owns the ``superseded`` list); they change nothing.
+:class:`~.prefix_index.PrefixIndex` applies what these queries return (it owns the
+``superseded`` list); they change nothing.
 """
 
 from __future__ import annotations
