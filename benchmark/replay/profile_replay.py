@@ -2,7 +2,7 @@
 
 Usage:
   python benchmark/replay/profile_replay.py --trace mooncake:PATH --cache hybrid --limit 300 \
-      [--budget-gib 32 --geometry qwen3-next-80b --top 25]
+      [--budget-gib 32 --geometry qwen3-next-80b --top 25 --save out/replay.prof]
 
 Prints the wall time, the share of it spent in SGLang's scheduler code, our cache backend and
 index, the workers, the replay driver (including the oracle), and torch ops, then the top
@@ -36,6 +36,9 @@ def main() -> int:
     parser.add_argument("--trace", required=True)
     parser.add_argument("--cache", default="hybrid")
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument(
+        "--save", default=None, help="also write the raw profile here (pstats; snakeviz reads it)"
+    )
     cli._engine_args(parser)
     cli._trace_args(parser)
     cli._budget_args(parser)
@@ -54,6 +57,8 @@ def main() -> int:
         f"{result.passes} passes ({result.extend_passes} prefill, {result.decode_passes} "
         f"decode) in {wall:.1f} s wall ({result.wall_s:.1f} s in the replay loop)"
     )
+    if args.save:
+        prof.dump_stats(args.save)
     stats = pstats.Stats(prof)
     own: dict[str, float] = {}
     total = 0.0

@@ -120,7 +120,38 @@ def test_resume_aware_placement_sends_to_the_deepest_resume_point() -> None:
         ResumeAwarePlacement(urls, order[:2])
 
 
-def _result(workload: str, workers: int, policy: str, cached: int) -> bench.RunResult:
+class _DpClient:
+    """One --dp-size worker: /hybrid/boundaries answers with every rank's view, ranks shuffled."""
+
+    def __init__(self, per_rank: dict[int, int]) -> None:
+        self.per_rank = per_rank
+
+    def post(self, url: str, json: dict) -> _Resp:
+        ranks = [
+            {"dp_rank": r, "reusable_now": {"tokens": t}}
+            for r, t in sorted(self.per_rank.items(), reverse=True)
+        ]
+        best = max(ranks, key=lambda a: a["reusable_now"]["tokens"])
+        return _Resp(200, {**best, "dp_ranks": ranks})
+
+
+def test_resume_aware_placement_targets_the_deepest_dp_rank_of_a_dp_aware_worker() -> None:
+    # The router's --dp-aware list names each rank url@rank; the reply order is not the rank order.
+    order = ["http://w0@0", "http://w0@1", "http://w0@2"]
+    place = ResumeAwarePlacement(["http://w0"], order)
+    assert place.targets == order
+    req = _req("r", list(range(300)), session="s")
+    headers = asyncio.run(place(_DpClient({0: 64, 1: 0, 2: 192}), req))
+    assert headers[TARGET_WORKER_HEADER] == "2" and place.placed_by_resume == 1
+    # No rank holds anything: the key picks one of the three ranks, the same one every time.
+    a = asyncio.run(place(_DpClient({0: 0, 1: 0, 2: 0}), req))
+    assert a == asyncio.run(place(_DpClient({0: 0, 1: 0, 2: 0}), req))
+    assert a[TARGET_WORKER_HEADER] in {"0", "1", "2"}
+
+
+def _result(
+    workload: str, workers: int, policy: str, cached: int, topology: str = "servers"
+) -> bench.RunResult:
     summary = {
         "cached_tokens": cached,
         "prompt_tokens": 1000,
@@ -129,7 +160,7 @@ def _result(workload: str, workers: int, policy: str, cached: int) -> bench.RunR
         "failed": 0,
     }
     per = [{"prompt_tokens": 1000 // workers, "cached_tokens": cached // workers}] * workers
-    return bench.RunResult(workload, workers, policy, summary, 0.1, 1.0, per)
+    return bench.RunResult(workload, workers, policy, summary, 0.1, 1.0, per, topology=topology)
 
 
 def test_the_report_states_each_run_against_one_server(tmp_path: Any) -> None:
@@ -137,10 +168,12 @@ def test_the_report_states_each_run_against_one_server(tmp_path: Any) -> None:
         _result("agent", 1, "single", 800),
         _result("agent", 2, "cache_aware", 760),
         _result("agent", 2, "round_robin", 400),
+        _result("agent", 2, "cache_aware", 720, topology="dp"),
     ]
     md = bench.table(rs)
     assert "| agent | 2 | cache_aware | 760 | 76.0% | 95.0% | 50% |" in md
     assert "| agent | 2 | round_robin | 400 | 40.0% | 50.0% |" in md
+    assert "| agent | dp 2 | cache_aware | 720 | 72.0% | 90.0% | 50% |" in md
     bench.plot(rs, tmp_path / "p.png")
     assert (tmp_path / "p.png").stat().st_size > 0
 
@@ -158,6 +191,7 @@ def test_the_benchmark_refuses_bad_arguments(capsys: pytest.CaptureFixture[str])
         (["--workers", "1,3"], "must divide"),
         (["--workers", "1,4", "--total-host-mib", "6"], "must divide"),
         (["--total-host-mib", "-4"], "must be 0 or more"),
+        (["--topologies", "ring"], "--topologies"),
     ]:
         with pytest.raises(SystemExit):
             bench.parse(argv)

@@ -1,4 +1,5 @@
-"""Past one server: SGLang's router in front of two CPU servers, and ``--dp-size 2``.
+"""Past one server: SGLang's router in front of two CPU servers, and ``--dp-size 2`` (alone and
+behind the router's ``--dp-aware``).
 
 Everything here is SGLang's real server (``launch_server --radix-cache hybrid``, the tiny model)
 and SGLang's real router (``sglang-router``, unmodified), on loopback. Outputs are compared with
@@ -17,9 +18,9 @@ import pytest
 from server_helpers import generate, toks
 
 from sglang_hybrid.cpu.server import CpuServer, ServerConfig
-from sglang_hybrid.replay.live import LiveRequest, replay
-from sglang_hybrid.scaleout.fleet import Fleet, WorkerCounters, read_counters
-from sglang_hybrid.scaleout.router import ROUTING_KEY_HEADER, RouterConfig
+from sglang_hybrid.replay.live import LiveRequest, flush_cache, replay
+from sglang_hybrid.scaleout.fleet import Fleet, WorkerCounters, read_counters, read_rank_counters
+from sglang_hybrid.scaleout.router import ROUTING_KEY_HEADER, RouterConfig, RouterProcess
 
 SESSIONS, TURNS, NEW = 3, 3, 8
 
@@ -179,8 +180,15 @@ def test_dp_size_2_outputs_equal_the_uncached_server_and_each_rank_answers(
     info = dp_server.get_json("/get_server_info")
     assert info["dp_size"] == 2 and info["radix_cache_backend"] == "hybrid"
     before = read_counters(dp_server.url)
+    ranks_before = read_rank_counters(dp_server.url, 2)
     got = _conversations(lambda s, ids: generate(dp_server, ids, NEW))
     delta = read_counters(dp_server.url) - before
+    # The cache's own series are labelled by DP rank (SGLang labels both ranks' caches 0):
+    # round robin gives each rank prompts of its own, and the ranks add up to the server.
+    ranks = [a - b for a, b in zip(read_rank_counters(dp_server.url, 2), ranks_before, strict=True)]
+    assert all(r.prompt_tokens > 0 for r in ranks), ranks
+    assert sum(r.prompt_tokens for r in ranks) == delta.prompt_tokens
+    assert sum(r.cached_tokens for r in ranks) == delta.cached_tokens
     for key, (_ids, reply) in expected.items():
         assert got[key][1]["output_ids"] == reply["output_ids"], f"dp: {key} output differs"
     assert delta.cached_tokens == sum(r["meta_info"]["cached_tokens"] for _, r in got.values())
@@ -191,4 +199,36 @@ def test_dp_size_2_outputs_equal_the_uncached_server_and_each_rank_answers(
     )
     status, answer = dp_server.post_json("/hybrid/boundaries", {"input_ids": got[(0, 1)][0]})
     assert status == 200, answer
-    assert len(answer["dp_ranks"]) == 2
+    assert sorted(a["dp_rank"] for a in answer["dp_ranks"]) == [0, 1]
+
+
+def test_the_dp_aware_router_keeps_each_session_on_one_rank_and_outputs_equal_the_uncached(
+    dp_server: CpuServer, expected: dict, tmp_path: Path
+) -> None:
+    # The router addresses each DP rank itself (url@rank; data_parallel_rank in the body), so
+    # cache_aware's prefix tree sends a session's later turns to the rank that holds its prefix,
+    # where SGLang's DP controller alone alternates them.
+    cfg = RouterConfig(worker_urls=[dp_server.url], policy="cache_aware", dp_aware=True)
+    with RouterProcess(cfg, tmp_path / "router.log", on_progress=print) as router:
+        targets = sorted(w["url"] for w in router.workers())
+        assert targets == [f"{dp_server.url}@0", f"{dp_server.url}@1"]
+        flush_cache(dp_server.url)
+        before = read_rank_counters(dp_server.url, 2)
+        got = _conversations(lambda s, ids: generate(router, ids, NEW))
+        after = read_rank_counters(dp_server.url, 2)
+    for key, (_ids, reply) in expected.items():
+        assert got[key][1]["output_ids"] == reply["output_ids"], f"dp-aware: {key} output differs"
+    deltas = [a - b for a, b in zip(after, before, strict=True)]
+    # Each rank's own counters add up to what the client saw, token for token.
+    assert sum(d.cached_tokens for d in deltas) == sum(
+        r["meta_info"]["cached_tokens"] for _, r in got.values()
+    )
+    assert sum(d.prompt_tokens for d in deltas) == sum(
+        r["meta_info"]["prompt_tokens"] for _, r in got.values()
+    )
+    # Every later turn resumes at least from the last whole block of its previous turn's prompt
+    # (SGLang's DP controller alone alternates ranks, and such a turn finds only the preamble).
+    for (s, t), (_, r) in got.items():
+        if t > 0:
+            previous = len(got[(s, t - 1)][0]) // 64 * 64
+            assert r["meta_info"]["cached_tokens"] >= previous, f"{(s, t)} lost its session"

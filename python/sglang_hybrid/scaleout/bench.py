@@ -1,7 +1,7 @@
 """Reuse and TTFT through SGLang's router: N workers per policy against one server.
 
 ``sglang-hybrid scaleout`` (or ``python -m sglang_hybrid.scaleout``) ``[--workloads agent,mooncake]
-[--workers 1,2,4] [--policies ...]``
+[--workers 1,2,4] [--policies ...] [--topologies servers,dp]``
 
 For each worker count N it starts N CPU servers (``--radix-cache hybrid``, the token worker: it
 computes nothing and answers deterministic tokens, so a run measures routing and caching, not a
@@ -9,7 +9,11 @@ model) that split one memory budget N ways (``--total-kv-tokens``, default ``TOT
 ``--total-slots``, default ``TOTAL_SLOTS`` state slots), behind SGLang's router. N = 1 is the
 reference: one server with the whole budget. Running requests per server stay at ``RUNNING``
 (compute grows with the servers; memory does not). For each policy the router is restarted (its
-tree starts empty), every server's cache flushed, and the workload sent with ``replay/live.py``:
+tree starts empty), every server's cache flushed, and the workload sent with ``replay/live.py``.
+Topologies (``--topologies``): ``servers``, N servers behind the router; ``dp``, one server with
+``--dp-size N`` (SGLang's DP controller, N scheduler processes, each rank with its own cache and
+the per-server budgets above) behind the router with ``--dp-aware``, which addresses every rank
+itself (``url@rank``), so the policies below place requests on ranks as on servers. Policies:
 
 - ``cache_aware``, ``round_robin``: the router alone, requests as a client sends them;
 - ``cache_aware_balanced``: ``cache_aware`` balancing past ``RUNNING`` requests of imbalance
@@ -74,6 +78,7 @@ ROUTER_POLICY: dict[str, tuple[str, list[str]]] = {
     "resume_aware": ("consistent_hashing", []),
 }
 WORKLOADS = ("agent", "mooncake")
+TOPOLOGIES = ("servers", "dp")
 MOONCAKE = "../shared/traces/mooncake_synthetic_trace.jsonl"
 PACE = 0.05  # agent think / tool times compressed 20x, as live_steady_state.py
 CONCURRENCY = 16
@@ -87,8 +92,14 @@ class RunResult:
     summary: dict[str, Any]
     ttft_p90_s: float
     wall_s: float
-    per_worker: list[dict[str, int]] = field(default_factory=list)
+    per_worker: list[dict[str, int]] = field(default_factory=list)  # per server, or DP rank
     resume_placed: int | None = None  # resume_aware: requests sent where a worker could resume
+    topology: str = "servers"  # or "dp": one server, ``workers`` DP ranks, router --dp-aware
+
+    @property
+    def where(self) -> str:
+        """The fleet in words: ``2`` (servers) or ``dp 2`` (one server's DP ranks)."""
+        return f"dp {self.workers}" if self.topology == "dp" else str(self.workers)
 
 
 def _say(msg: str) -> None:
@@ -129,8 +140,10 @@ def server_config(
     )
 
 
-def _one_run(fleet: Fleet, name: str, reqs: list[LiveRequest], policy: str, raw: Path) -> RunResult:
-    n = len(fleet.servers)
+def _one_run(
+    fleet: Fleet, name: str, reqs: list[LiveRequest], policy: str, raw: Path, topology: str
+) -> RunResult:
+    n = sum(s.config.dp_size for s in fleet.servers)
     router_policy, extra = ROUTER_POLICY.get(policy, (policy, []))
     fleet.use_policy(router_policy, extra)
     fleet.flush()
@@ -158,7 +171,7 @@ def _one_run(fleet: Fleet, name: str, reqs: list[LiveRequest], policy: str, raw:
         per_worker.append({"prompt_tokens": d.prompt_tokens, "cached_tokens": d.cached_tokens})
     summary = summarize(results)
     ttfts = [r.ttft_s for r in results if r.error is None and r.ttft_s == r.ttft_s]
-    out = raw / f"{name}-{n}w-{policy}.json"
+    out = raw / f"{name}-{n}{'dp' if topology == 'dp' else 'w'}-{policy}.json"
     out.write_text(json.dumps([asdict(r) for r in results]))
     return RunResult(
         name,
@@ -169,6 +182,7 @@ def _one_run(fleet: Fleet, name: str, reqs: list[LiveRequest], policy: str, raw:
         wall,
         per_worker,
         placement.placed_by_resume if placement is not None else None,
+        topology,
     )
 
 
@@ -181,22 +195,31 @@ def run(args: argparse.Namespace, on_result: Callable[[RunResult], None]) -> lis
     loads = {w: workload(w, args) for w in args.workloads}
     results: list[RunResult] = []
     router = RouterConfig(worker_urls=[], health_check_interval_s=5)
-    for n in args.workers:
+    # One server with all the memory is the reference of every topology.
+    fleets = [(1, "servers")] + [(n, t) for n in args.workers if n > 1 for t in args.topologies]
+    for n, topology in fleets:
         policies = ("round_robin",) if n == 1 else tuple(args.policies)
         kv, slots = args.total_kv_tokens, args.total_slots
         host = args.total_host_mib
+        what = f"one server with {n} DP ranks" if topology == "dp" else f"{n} server(s)"
         _say(
-            f"{n} server(s), {kv // n:,} KV tokens, {slots // n} slots and "
+            f"{what}, {kv // n:,} KV tokens, {slots // n} slots and "
             f"{host // n} MiB of host tier each"
         )
         cfg = server_config(model, n, kv, slots, host)
-        fdir = raw / f"{n}w"
-        with Fleet([cfg] * n, policies[0], fdir, router=router, on_progress=_say) as fleet:
+        if topology == "dp":
+            # Every DP rank builds its own pools from the server's arguments: the same per-rank
+            # budgets as one of n servers.
+            configs, fdir = [replace(cfg, dp_size=n)], raw / f"{n}dp"
+            fleet_router = replace(router, dp_aware=True)
+        else:
+            configs, fdir, fleet_router = [cfg] * n, raw / f"{n}w", router
+        with Fleet(configs, policies[0], fdir, router=fleet_router, on_progress=_say) as fleet:
             for name, reqs in loads.items():
                 for policy in policies:
                     label = policy if n > 1 else "single"
-                    _say(f"{name}: {len(reqs)} requests, {n} server(s), {label}")
-                    r = _one_run(fleet, name, reqs, policy, raw)
+                    _say(f"{name}: {len(reqs)} requests, {what}, {label}")
+                    r = _one_run(fleet, name, reqs, policy, raw, topology)
                     if n == 1:
                         r.policy = "single"
                     results.append(r)
@@ -207,7 +230,7 @@ def run(args: argparse.Namespace, on_result: Callable[[RunResult], None]) -> lis
 def _show(r: RunResult) -> None:
     s = r.summary
     _say(
-        f"  {r.workload} {r.workers}w {r.policy}: cached {s['cached_tokens']:,} of "
+        f"  {r.workload} {r.where} {r.policy}: cached {s['cached_tokens']:,} of "
         f"{s['prompt_tokens']:,} ({s['reuse']:.1%}), TTFT p50 {s['ttft_p50_s'] * 1e3:.0f} ms, "
         f"{s['failed']} failed, {r.wall_s:.0f} s"
     )
@@ -216,8 +239,8 @@ def _show(r: RunResult) -> None:
 def table(results: Sequence[RunResult]) -> str:
     single = {r.workload: r for r in results if r.policy == "single"}
     lines = [
-        "| workload | servers | policy | cached tokens | reuse | of one server's reuse | "
-        "busiest server's prompt share | TTFT p50 | TTFT p90 | failed |",
+        "| workload | servers (dp N: one server's DP ranks) | policy | cached tokens | reuse | "
+        "of one server's reuse | busiest server's prompt share | TTFT p50 | TTFT p90 | failed |",
         "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
@@ -231,7 +254,7 @@ def table(results: Sequence[RunResult]) -> str:
         total = sum(w["prompt_tokens"] for w in r.per_worker)
         busiest = max(w["prompt_tokens"] for w in r.per_worker) / total if total else 0.0
         lines.append(
-            f"| {r.workload} | {r.workers} | {r.policy} | {s['cached_tokens']:,} | "
+            f"| {r.workload} | {r.where} | {r.policy} | {s['cached_tokens']:,} | "
             f"{s['reuse']:.1%} | {kept} | {busiest:.0%} | {s['ttft_p50_s'] * 1e3:.0f} ms | "
             f"{r.ttft_p90_s * 1e3:.0f} ms | {s['failed']} |"
         )
@@ -249,16 +272,19 @@ def plot(results: Sequence[RunResult], path: Path) -> None:
     for ax, name in zip(axes[0], names, strict=True):
         rs = [r for r in results if r.workload == name]
         ref = next((r for r in rs if r.policy == "single"), None)
-        counts = sorted({r.workers for r in rs if r.policy != "single"})
+        groups = sorted(
+            {(r.topology, r.workers) for r in rs if r.policy != "single"},
+            key=lambda g: (TOPOLOGIES.index(g[0]), g[1]),
+        )
         policies = [p for p in POLICIES if any(r.policy == p for r in rs)]
         width = 0.8 / max(1, len(policies))
         for i, p in enumerate(policies):
             ys = []
-            for n in counts:
-                r = next((x for x in rs if x.workers == n and x.policy == p), None)
+            for t, n in groups:
+                r = next((x for x in rs if (x.topology, x.workers, x.policy) == (t, n, p)), None)
                 ys.append(r.summary["reuse"] * 100 if r else 0.0)
             ax.bar(
-                [c + (i - (len(policies) - 1) / 2) * width for c in range(len(counts))],
+                [c + (i - (len(policies) - 1) / 2) * width for c in range(len(groups))],
                 ys,
                 width,
                 label=p,
@@ -268,7 +294,10 @@ def plot(results: Sequence[RunResult], path: Path) -> None:
                 ref.summary["reuse"] * 100, color="k", ls="--", label="one server, same memory"
             )
             ax.axhline(ref.summary["reuse"] * 90, color="k", ls=":", label="90 % of it")
-        ax.set_xticks(range(len(counts)), [f"{n} servers" for n in counts])
+        ax.set_xticks(
+            range(len(groups)),
+            [f"{n} DP ranks" if t == "dp" else f"{n} servers" for t, n in groups],
+        )
         ax.set_ylabel("cached prompt tokens (%)")
         ax.set_title(f"{name}: reuse through sglang-router")
         ax.legend(fontsize=7, loc="lower right", framealpha=0.9)
@@ -286,6 +315,13 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--workloads", type=csv, default=list(WORKLOADS))
     p.add_argument("--workers", type=lambda s: [int(x) for x in csv(s)], default=[1, 2, 4])
     p.add_argument("--policies", type=csv, default=list(POLICIES))
+    p.add_argument(
+        "--topologies",
+        type=csv,
+        default=list(TOPOLOGIES),
+        help="servers: N servers behind the router; dp: one server with --dp-size N behind the "
+        "router's --dp-aware (default: both)",
+    )
     p.add_argument("--agent-sessions", type=int, default=8)
     p.add_argument("--mooncake", default=MOONCAKE, help=f"the trace (default {MOONCAKE})")
     p.add_argument("--mooncake-requests", type=int, default=200)
@@ -306,6 +342,9 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     bad = [x for x in args.workloads if x not in WORKLOADS]
     if bad:
         p.error(f"unknown workloads {bad}: expected some of {', '.join(WORKLOADS)}")
+    bad = [x for x in args.topologies if x not in TOPOLOGIES]
+    if bad or not args.topologies:
+        p.error(f"--topologies {bad}: expected some of {', '.join(TOPOLOGIES)}")
     if 1 not in args.workers:
         p.error("--workers must include 1 (the reference: one server with all the memory)")
     kv, slots = args.total_kv_tokens, args.total_slots
@@ -334,6 +373,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "total_slots": args.total_slots,
         "total_host_mib": args.total_host_mib,
         "running_per_server": RUNNING,
+        "topologies": args.topologies,
         "results": [asdict(r) for r in results],
     }
     (out / "scale_out.json").write_text(json.dumps(doc, indent=1))

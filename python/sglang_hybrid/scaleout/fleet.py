@@ -10,6 +10,9 @@ Contract:
   flags (the servers stay; the router's own prefix tree starts empty);
   ``flush()`` empties every live server's prefix cache; ``kill_worker(i)`` crashes one server.
 - ``stop()`` (and ``__exit__``) stops the router and every server, whatever failed before.
+- A server with ``dp_size`` > 1 is a router target per DP rank (give the router ``dp_aware``);
+  ``counters()`` then lists each rank, from the cache's own per-rank series (SGLang's prompt and
+  cached token counters are per server, not per rank).
 """
 
 from __future__ import annotations
@@ -56,6 +59,29 @@ def read_counters(url: str) -> WorkerCounters:
             if sample.name in totals:
                 totals[sample.name] += sample.value
     return WorkerCounters(*(int(totals[name]) for name in _COUNTERS))
+
+
+_RANK_SERIES = "sglang_hybrid:prompt_tokens_total"  # labels: dp_rank, source (metrics.py)
+
+
+def read_rank_counters(url: str, dp_size: int) -> list[WorkerCounters]:
+    """Each DP rank's prompt and reused tokens (``reused_device`` + ``reused_host``), rank order."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"{url}/metrics", timeout=30) as r:
+        text = r.read().decode()
+    prompt, cached = [0.0] * dp_size, [0.0] * dp_size
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name != _RANK_SERIES:
+                continue
+            rank = int(sample.labels.get("dp_rank", 0))
+            if not 0 <= rank < dp_size:
+                raise ValueError(f"{url}: a counter of DP rank {rank}, expected {dp_size} ranks")
+            prompt[rank] += sample.value
+            if sample.labels.get("source") != "computed":
+                cached[rank] += sample.value
+    return [WorkerCounters(int(p), int(c)) for p, c in zip(prompt, cached, strict=True)]
 
 
 class Fleet(Lifecycle):
@@ -123,10 +149,16 @@ class Fleet(Lifecycle):
                 flush_cache(s.url)
 
     def counters(self) -> list[WorkerCounters | None]:
-        """Each server's counters; None for a server that is down."""
+        """Each server's counters, or each DP rank's; None for a server that is down."""
         out: list[WorkerCounters | None] = []
         for s in self.servers:
-            out.append(read_counters(s.url) if s.alive() else None)
+            dp = s.config.dp_size
+            if not s.alive():
+                out.extend([None] * dp)
+            elif dp > 1:
+                out.extend(read_rank_counters(s.url, dp))
+            else:
+                out.append(read_counters(s.url))
         return out
 
     def kill_worker(self, i: int) -> None:

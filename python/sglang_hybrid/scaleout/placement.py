@@ -12,6 +12,9 @@
   router's ``/workers`` list, the only policy in sglang-router 0.3.2 that honours it). Ties —
   mostly a new conversation that no worker holds — go to the worker the affinity key hashes to,
   so it degrades to key affinity. A worker that does not answer counts as holding nothing.
+  A ``--dp-size`` worker behind the router's ``--dp-aware`` is one target per DP rank
+  (``url@rank`` in ``/workers``): its answer lists every rank's (``dp_ranks``, each with its
+  ``dp_rank``), and the request goes to the deepest rank.
   The lookups run inside the request's timed span (``replay(route=...)``): its TTFT pays for them.
 """
 
@@ -51,19 +54,32 @@ def keyed(reqs: list[LiveRequest]) -> list[LiveRequest]:
     return reqs
 
 
+def _target(url: str, rank: int | None) -> str:
+    """The router's name for a worker, or for one DP rank of it (``--dp-aware``)."""
+    return url if rank is None else f"{url}@{rank}"
+
+
 class ResumeAwarePlacement:
     """A ``live.Route`` (see the module contract)."""
 
     def __init__(self, worker_urls: list[str], router_order: list[str]) -> None:
-        missing = [u for u in worker_urls if u not in router_order]
+        self.worker_urls = list(worker_urls)
+        # The router lists a plain worker by its URL and a --dp-aware worker's ranks as url@rank.
+        self.ranks: dict[str, list[int | None]] = {}
+        for u in worker_urls:
+            ranks = sorted(int(t.rpartition("@")[2]) for t in router_order if t.startswith(u + "@"))
+            self.ranks[u] = list(ranks) if ranks else [None]
+        self.targets = [_target(u, r) for u in worker_urls for r in self.ranks[u]]
+        missing = [t for t in self.targets if t not in router_order]
         if missing:
             raise ValueError(f"the router does not list {missing}")
-        self.worker_urls = list(worker_urls)
-        self.index = {u: router_order.index(u) for u in worker_urls}
+        self.index = {t: router_order.index(t) for t in self.targets}
         self.lookups = 0
         self.placed_by_resume = 0  # requests sent where some worker could resume them
 
-    async def _reusable(self, client: Any, url: str, req: LiveRequest) -> int:
+    async def _reusable(self, client: Any, url: str, req: LiveRequest) -> list[int]:
+        """Tokens each of the worker's targets (``self.ranks[url]``, in order) could resume."""
+        nothing = [0] * len(self.ranks[url])
         # The prompt and its namespace: a tenant's cache_salt keeps it out of others' prefixes.
         fields = ("input_ids", "messages", "extra_key", "cache_salt")
         prompt = {k: req.body[k] for k in fields if k in req.body}
@@ -75,24 +91,37 @@ class ResumeAwarePlacement:
             try:
                 async with client.post(f"{url}/hybrid/boundaries", json=prompt) as resp:
                     if resp.status != 200:
-                        return 0
+                        return nothing
                     answer = await resp.json()
-                return int(answer.get("reusable_now", {}).get("tokens", 0))
+                return _depths(answer, self.ranks[url])
             except aiohttp.ServerDisconnectedError:
                 continue
             except (aiohttp.ClientError, OSError, asyncio.TimeoutError, ValueError):
-                return 0
-        return 0
+                return nothing
+        return nothing
 
     async def __call__(self, client: Any, req: LiveRequest) -> dict[str, str]:
         key = affinity_key(req)
-        depths = await asyncio.gather(*(self._reusable(client, u, req) for u in self.worker_urls))
-        self.lookups += len(depths)
+        answers = await asyncio.gather(*(self._reusable(client, u, req) for u in self.worker_urls))
+        depths = [d for per_worker in answers for d in per_worker]  # in self.targets' order
+        self.lookups += len(answers)
         best = max(depths)
         if best > 0:
             self.placed_by_resume += 1
-            url = self.worker_urls[depths.index(best)]
+            target = self.targets[depths.index(best)]
         else:
             h = int(_digest(key.encode()), 16)
-            url = self.worker_urls[h % len(self.worker_urls)]
-        return {ROUTING_KEY_HEADER: key, TARGET_WORKER_HEADER: str(self.index[url])}
+            target = self.targets[h % len(self.targets)]
+        return {ROUTING_KEY_HEADER: key, TARGET_WORKER_HEADER: str(self.index[target])}
+
+
+def _depths(answer: dict[str, Any], ranks: list[int | None]) -> list[int]:
+    """``reusable_now`` per target of one worker: its own, or each DP rank's by ``dp_rank``."""
+
+    def tokens(a: dict[str, Any]) -> int:
+        return int(a.get("reusable_now", {}).get("tokens", 0))
+
+    if ranks == [None]:
+        return [tokens(answer)]
+    by_rank = {int(a.get("dp_rank", -1)): tokens(a) for a in answer.get("dp_ranks", [answer])}
+    return [by_rank.get(r, 0) for r in ranks if r is not None]

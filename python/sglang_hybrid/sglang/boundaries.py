@@ -73,7 +73,17 @@ def around_dumper_control(orig: Any, scheduler: Any, recv_req: Any, *args: Any, 
     except Exception as exc:  # a bug here must not take the scheduler down
         logger.exception("hybrid control request %s failed", method)
         return DumperControlReqOutput(success=False, response=[], error=f"internal error: {exc}")
+    # Which DP rank answered: a client placing a request by its resume point (a router addressing
+    # ``url@rank``, scaleout/placement.py) needs each rank's answer by its rank, not by reply order.
+    answer["dp_rank"] = _dp_rank()
     return DumperControlReqOutput(success=True, response=[answer])
+
+
+def _dp_rank() -> int:
+    from sglang.srt.runtime_context import get_parallel
+
+    rank = get_parallel().dp_rank
+    return int(rank) if rank is not None else 0
 
 
 def handle(cache: Any, method: str, body: dict[str, Any]) -> dict[str, Any]:

@@ -54,7 +54,7 @@ from .coalesce import Coalescer
 from .flags import HybridOptions
 from .host_tier import HostTier
 from .load_back import LoadBack
-from .metrics import CacheMetrics
+from .metrics import CacheMetrics, with_dp_rank
 from .pages import alloc_evicting, ceil_to, free_dropped
 from .publish import Publisher
 from .ranks import RankCheck
@@ -138,7 +138,7 @@ class HybridRadixCache(BasePrefixCache):
         if getattr(params, "enable_metrics", False) and not self.disable:
             self.init_metrics_collector()
             labels = getattr(self.metrics_collector, "labels", None) or {}
-            self.metrics = CacheMetrics(labels)
+            self.metrics = CacheMetrics(with_dp_rank(labels))
 
     def empty_index(self) -> None:
         """Replace the index by an empty one on the same memory (a persisted tier not loaded)."""
