@@ -268,7 +268,7 @@ def plot(results: Sequence[RunResult], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     names = sorted({r.workload for r in results})
-    fig, axes = plt.subplots(1, len(names), figsize=(6 * len(names), 4), squeeze=False)
+    fig, axes = plt.subplots(1, len(names), figsize=(6 * len(names), 4.8), squeeze=False)
     for ax, name in zip(axes[0], names, strict=True):
         rs = [r for r in results if r.workload == name]
         ref = next((r for r in rs if r.policy == "single"), None)
@@ -300,8 +300,10 @@ def plot(results: Sequence[RunResult], path: Path) -> None:
         )
         ax.set_ylabel("cached prompt tokens (%)")
         ax.set_title(f"{name}: reuse through sglang-router")
-        ax.legend(fontsize=7, loc="lower right", framealpha=0.9)
-    fig.tight_layout()
+    # One legend under both plots: inside the axes it hides the bars it names.
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=8, loc="lower center", ncol=(len(labels) + 1) // 2)
+    fig.tight_layout(rect=(0.0, 0.1, 1.0, 1.0))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
