@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import contextlib
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from sglang_hybrid.cpu.process import Lifecycle
 from sglang_hybrid.cpu.server import CpuServer, ServerConfig
@@ -46,18 +47,23 @@ class WorkerCounters:
         )
 
 
-def read_counters(url: str) -> WorkerCounters:
-    """Sum SGLang's ``sglang:prompt_tokens_total`` / ``cached_tokens_total`` over their labels
-    (parsed by ``prometheus_client``, the library SGLang exports them with)."""
+def _samples(url: str) -> Iterator[Any]:
+    """Every sample of the server's ``/metrics``, parsed by ``prometheus_client`` (the library
+    SGLang exports them with)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     with urllib.request.urlopen(f"{url}/metrics", timeout=30) as r:
         text = r.read().decode()
-    totals = dict.fromkeys(_COUNTERS, 0.0)
     for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name in totals:
-                totals[sample.name] += sample.value
+        yield from family.samples
+
+
+def read_counters(url: str) -> WorkerCounters:
+    """Sum SGLang's ``sglang:prompt_tokens_total`` / ``cached_tokens_total`` over their labels."""
+    totals = dict.fromkeys(_COUNTERS, 0.0)
+    for sample in _samples(url):
+        if sample.name in totals:
+            totals[sample.name] += sample.value
     return WorkerCounters(*(int(totals[name]) for name in _COUNTERS))
 
 
@@ -66,21 +72,16 @@ _RANK_SERIES = "sglang_hybrid:prompt_tokens_total"  # labels: dp_rank, source (m
 
 def read_rank_counters(url: str, dp_size: int) -> list[WorkerCounters]:
     """Each DP rank's prompt and reused tokens (``reused_device`` + ``reused_host``), rank order."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    with urllib.request.urlopen(f"{url}/metrics", timeout=30) as r:
-        text = r.read().decode()
     prompt, cached = [0.0] * dp_size, [0.0] * dp_size
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name != _RANK_SERIES:
-                continue
-            rank = int(sample.labels.get("dp_rank", 0))
-            if not 0 <= rank < dp_size:
-                raise ValueError(f"{url}: a counter of DP rank {rank}, expected {dp_size} ranks")
-            prompt[rank] += sample.value
-            if sample.labels.get("source") != "computed":
-                cached[rank] += sample.value
+    for sample in _samples(url):
+        if sample.name != _RANK_SERIES:
+            continue
+        rank = int(sample.labels.get("dp_rank", 0))
+        if not 0 <= rank < dp_size:
+            raise ValueError(f"{url}: a counter of DP rank {rank}, expected {dp_size} ranks")
+        prompt[rank] += sample.value
+        if sample.labels.get("source") != "computed":
+            cached[rank] += sample.value
     return [WorkerCounters(int(p), int(c)) for p, c in zip(prompt, cached, strict=True)]
 
 

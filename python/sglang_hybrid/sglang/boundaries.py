@@ -32,6 +32,7 @@ import numpy as np
 from ..index import PromptKey, SnapshotKind, TapSource
 from ..index.durable import set_durable, why_not_pinnable
 from ..index.resume_points import ResumePoint, place_cut, resume_points
+from .ranks import dp_rank
 from .request import namespace_of, token_bytes
 
 logger = logging.getLogger(__name__)
@@ -75,15 +76,8 @@ def around_dumper_control(orig: Any, scheduler: Any, recv_req: Any, *args: Any, 
         return DumperControlReqOutput(success=False, response=[], error=f"internal error: {exc}")
     # Which DP rank answered: a client placing a request by its resume point (a router addressing
     # ``url@rank``, scaleout/placement.py) needs each rank's answer by its rank, not by reply order.
-    answer["dp_rank"] = _dp_rank()
+    answer["dp_rank"] = dp_rank() or 0
     return DumperControlReqOutput(success=True, response=[answer])
-
-
-def _dp_rank() -> int:
-    from sglang.srt.runtime_context import get_parallel
-
-    rank = get_parallel().dp_rank
-    return int(rank) if rank is not None else 0
 
 
 def handle(cache: Any, method: str, body: dict[str, Any]) -> dict[str, Any]:

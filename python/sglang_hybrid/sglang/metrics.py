@@ -60,9 +60,9 @@ def with_dp_rank(labels: dict[str, Any]) -> dict[str, Any]:
     """SGLang's cache labels with the scheduler's DP rank. SGLang labels a cache ``dp_rank`` 0
     unless DP attention is on, so with ``--dp-size N`` every rank's series would share labels:
     the multiprocess registry would add the ranks' counters and keep one rank's gauges."""
-    from sglang.srt.runtime_context import get_parallel
+    from .ranks import dp_rank
 
-    rank = get_parallel().dp_rank
+    rank = dp_rank()
     if rank is None or str(labels.get("dp_rank", "0")) != "0":
         return dict(labels)  # one DP rank, or DP attention's own rank label
     return {**labels, "dp_rank": rank}

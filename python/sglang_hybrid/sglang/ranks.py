@@ -31,6 +31,14 @@ class RankDivergence(RuntimeError):
     pass
 
 
+def dp_rank() -> int | None:
+    """This scheduler's rank under plain data parallelism (``--dp-size``); None without it."""
+    from sglang.srt.runtime_context import get_parallel
+
+    rank = get_parallel().dp_rank
+    return int(rank) if rank is not None else None
+
+
 class PassRecord(NamedTuple):
     mode: str  # the batch's forward mode ("" when nothing ran)
     batch: tuple[tuple[str, int, int], ...]  # (rid, prefix_len, extend_len)
