@@ -162,3 +162,28 @@ def test_a_registered_radix_cache_backend_runs_in_the_loop(make_scheduler, qwen3
 
 # Indirection so a re-run in the same process registers the backend name only once.
 _current_factory: list = []
+
+
+def test_a_taken_process_group_port_is_drawn_again(make_scheduler, qwen35_dir: Path, monkeypatch):
+    """SGLang draws the group's port before binding it; another process may take it meanwhile."""
+    import socket
+
+    import sglang.srt.server_args as server_args_module
+
+    real_draw = server_args_module.get_free_port_below_ephemeral
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen(1)
+        drawn: list[int] = []
+
+        def draw() -> int:  # the first draw returns the port another process holds
+            drawn.append(taken.getsockname()[1] if not drawn else real_draw())
+            return drawn[-1]
+
+        monkeypatch.setattr(server_args_module, "get_free_port_below_ephemeral", draw)
+        sched = make_scheduler(qwen35_dir, worker="tokens")
+    assert len(drawn) == 2 and sched.port_args.nccl_port == drawn[1] != drawn[0]
+    sched.submit("after", list(range(16, 100)), 3)
+    sched.run_until_idle()
+    sched.on_idle()
+    assert sched.results()["after"].finish_type == "length"

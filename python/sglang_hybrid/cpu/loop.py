@@ -61,6 +61,14 @@ def _destroy_parallel_runtime() -> None:
     destroy_distributed_environment()
 
 
+_PORT_ATTEMPTS = 4
+
+
+def _port_taken(exc: BaseException) -> bool:
+    """True when building the Scheduler failed only because its drawn port was in use."""
+    return isinstance(exc, RuntimeError) and "EADDRINUSE" in str(exc)
+
+
 class InProcessScheduler:
     """SGLang's Scheduler with a CPU worker, stepped by the caller (see the module contract)."""
 
@@ -96,19 +104,27 @@ class InProcessScheduler:
         # Plugins keep their options as underscore attributes (what their CLI hooks would set).
         for name, value in (server_args_attrs or {}).items():
             setattr(self.server_args, name, value)
-        publish(
-            self.server_args,
-            role="scheduler",
-            ranks=SpawnRanks(world_rank=0, dp_rank=None, gpu_id=0),
-        )
-        self.port_args = PortArgs.init_new(self.server_args)
-        try:
-            self.scheduler = Scheduler(self.server_args, self.port_args)
-        except BaseException:
-            # A half-built Scheduler may already own the process groups; free them so the
-            # caller can build another one.
-            _destroy_parallel_runtime()
-            raise
+        # SGLang draws the process group's TCP port at random below the ephemeral range and
+        # binds it only later, so another process (a parallel test worker, a server on a
+        # shared machine) can take it in between: a taken port is drawn again, not fatal.
+        for attempt in range(_PORT_ATTEMPTS):
+            # Published per attempt: tearing down a failed attempt's groups unwrites the ranks.
+            publish(
+                self.server_args,
+                role="scheduler",
+                ranks=SpawnRanks(world_rank=0, dp_rank=None, gpu_id=0),
+            )
+            self.port_args = PortArgs.init_new(self.server_args)
+            try:
+                self.scheduler = Scheduler(self.server_args, self.port_args)
+                break
+            except BaseException as exc:
+                # A half-built Scheduler may already own the process groups; free them so the
+                # caller (or the next attempt) can build another one.
+                _destroy_parallel_runtime()
+                if attempt + 1 < _PORT_ATTEMPTS and _port_taken(exc):
+                    continue
+                raise
         self._closed = False
         self.overlap = bool(self.scheduler.enable_overlap)
         # The batch whose results the last step processed: the batch it ran, or with overlap

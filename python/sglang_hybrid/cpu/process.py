@@ -5,6 +5,9 @@ Contract (shared by ``CpuServer`` and the scale-out router, ``scaleout/router.py
   then polls ``ready()`` until it answers True, reporting progress through ``on_progress`` every
   5 s. A process that exits, or is not ready within ``startup_timeout_s``, raises ``ServerError``
   with the tail of its log.
+- A start whose process died of a taken address (a port drawn free and bound later, taken by
+  another process in between) is retried on newly drawn ports (``release_ports``), 3 starts
+  in all.
 - ``stop()`` SIGTERMs the group, waits ``grace_s``, then SIGKILLs what is left (SGLang spawns a
   scheduler and a detokenizer, the router its worker threads; killing the group leaves nothing
   behind). It is idempotent and is what ``__exit__`` calls, so a ``with`` block never leaks a
@@ -29,6 +32,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from typing_extensions import Self
+
+_START_ATTEMPTS = 3
 
 
 class ServerError(RuntimeError):
@@ -93,8 +98,32 @@ class ManagedProcess(Lifecycle):
         return dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1")
 
     def start(self) -> None:
-        self.launch()
-        self.wait_ready()
+        # Ports are drawn free (ours in ``prepare``, SGLang's process-group port in the child)
+        # and bound later, so another process can take one in between: a start that died of
+        # a taken address is started again on newly drawn ports.
+        for attempt in range(_START_ATTEMPTS):
+            self.launch()
+            try:
+                self.wait_ready()
+                return
+            except ServerError:
+                if attempt + 1 == _START_ATTEMPTS or not self._lost_a_port():
+                    raise
+                if self.on_progress is not None:
+                    self.on_progress(f"the {self.name} found a port taken; starting it again")
+                self.stop()
+                self.release_ports()
+
+    def release_ports(self) -> None:
+        """Forget the ports ``prepare`` drew, so the next start draws new ones."""
+
+    def _lost_a_port(self) -> bool:
+        if self.proc is None or self.proc.poll() is None:
+            return False
+        # SGLang's words: OSError's "Address already in use" (the HTTP port), PortArgs'
+        # "Port is already in use", c10d's EADDRINUSE (the process-group port).
+        tail = self.log_tail(200)
+        return "EADDRINUSE" in tail or "already in use" in tail
 
     def launch(self) -> None:
         """Start the process without waiting for it (``wait_ready`` waits)."""

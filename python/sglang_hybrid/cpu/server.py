@@ -163,6 +163,7 @@ class CpuServer(ManagedProcess):
         super().__init__(log_path, startup_timeout_s, on_progress)
         self.config = config
         self.name = f"{config.cache} server"
+        self._drew_port = False
 
     @property
     def url(self) -> str:
@@ -171,6 +172,11 @@ class CpuServer(ManagedProcess):
     def prepare(self) -> None:
         if self.config.port == 0:
             self.config.port = free_port()
+            self._drew_port = True
+
+    def release_ports(self) -> None:
+        if self._drew_port:
+            self.config.port, self._drew_port = 0, False
 
     def argv(self) -> list[str]:
         return self.config.argv()

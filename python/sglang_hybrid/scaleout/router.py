@@ -99,6 +99,7 @@ class RouterProcess(ManagedProcess):
         super().__init__(log_path, startup_timeout_s, on_progress)
         self.config = config
         self._prometheus_port = 0
+        self._drew_port = False
 
     @property
     def url(self) -> str:
@@ -107,7 +108,12 @@ class RouterProcess(ManagedProcess):
     def prepare(self) -> None:
         if self.config.port == 0:
             self.config.port = free_port()
+            self._drew_port = True
         self._prometheus_port = free_port()
+
+    def release_ports(self) -> None:
+        if self._drew_port:
+            self.config.port, self._drew_port = 0, False
 
     def argv(self) -> list[str]:
         return self.config.argv(self._prometheus_port)
