@@ -98,6 +98,47 @@ def test_a_reused_index_answers_as_a_fresh_one() -> None:
                 reused.add((pos, p), p, prompts[p])
 
 
+def test_an_index_whose_window_head_leaves_answers_as_a_fresh_one() -> None:
+    """Walks keyed by request ids over a queue like SGLang's (heads admitted, arrivals at the end,
+    now and then one leaving from the middle or one put in front): the reused index, which keeps
+    the entries behind a departed head, gives the same siblings as one built fresh per walk."""
+    wrng = random.Random(5)
+    trunks = [toks(1500) for _ in range(3)]
+    prompts: dict[int, PromptKey] = {}
+
+    def arrive() -> int:
+        rid = len(prompts)
+        t = wrng.choice(trunks)
+        prompts[rid] = key(t[: wrng.randrange(0, 1500)] + toks(wrng.randrange(1, 200)))
+        return rid
+
+    reused: InflightPrefixes[int] = InflightPrefixes()
+    queue = [arrive() for _ in range(8)]
+    left = 0
+    for _ in range(400):
+        op = wrng.random()
+        if op < 0.45 and queue:
+            del queue[: wrng.randrange(1, 4)]  # the head (and maybe more) admitted
+            left += 1
+        elif op < 0.55 and len(queue) > 2:
+            queue.pop(wrng.randrange(1, len(queue)))  # an abort
+        elif op < 0.6:
+            queue.insert(0, arrive())  # a retracted request back in front
+        for _ in range(wrng.randrange(0, 3)):
+            queue.append(arrive())
+        fresh: InflightPrefixes[int] = InflightPrefixes()
+        reused.begin()
+        for rid in queue[:12]:  # the admission window
+            a, b = fresh.sibling(prompts[rid]), reused.sibling(prompts[rid])
+            assert (a is None) == (b is None)
+            if a is not None and b is not None:
+                assert (a.owner, a.shared) == (b.owner, b.shared)
+            if wrng.random() < 0.85:  # some are held, so not entered
+                fresh.add(rid, rid, prompts[rid])
+                reused.add(rid, rid, prompts[rid])
+    assert left > 100
+
+
 def test_a_hash_collision_is_never_trusted() -> None:
     def constant(data: bytes, prev: int) -> int:  # every block collides
         return 42

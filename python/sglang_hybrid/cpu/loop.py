@@ -244,7 +244,7 @@ class InProcessScheduler:
         return req
 
     def _waiting_req(self, rid: str) -> Any:
-        for req in self.scheduler.waiting_queue:
+        for req in reversed(self.scheduler.waiting_queue):  # SGLang appends arrivals
             if req.rid == rid:
                 return req
         reason = self.sink.results.get(rid)

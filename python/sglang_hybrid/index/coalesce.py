@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Hashable, KeysView
+from dataclasses import dataclass
 from typing import Any, Generic, NamedTuple, TypeVar
 
 from .cost import CostModel
@@ -48,26 +49,40 @@ class Sibling(NamedTuple):
     shared: int  # tokens both prompts share, a multiple of 64
 
 
+@dataclass(slots=True, eq=False)
+class _Entry:
+    owner_id: Hashable  # names the owner across walks (a request id, never ``id()``)
+    seq: int  # rank in walk order: entries are kept sorted by it
+    owner: Any
+    key: PromptKey
+    entered: list[int]  # the hashes this entry holds first in ``_first``
+    depth: int  # the shallowest block whose hash is in ``entered`` (when it holds any)
+
+
 class InflightPrefixes(Generic[T]):
     """Prompts in flight, in admission order; ``sibling`` finds the earliest deepest sharer.
 
     One index serves every pass (the admission window changes little between passes): a walk
-    starts with ``begin`` and ``add``s its prompts in order; an owner entered at the same position
-    in an earlier walk is kept as it is (O(1)), the first one that differs drops every entry from
-    its position on (O(their new blocks)). Lookups see only entries below the walk's position, so
-    a walk sees exactly what a fresh index built by the same adds would hold.
+    starts with ``begin`` and ``add``s its prompts in order. An owner entered at the same place
+    in an earlier walk is kept as it is (O(1)). Owners of the earlier walk that this walk skips
+    (the window's head was admitted) leave: their hashes go, and the later entries take over the
+    ones they share (O(left blocks + a membership test per later block)). Any other difference
+    (an owner the earlier walk did not have here) drops every entry from that place on and enters
+    the new ones (O(their blocks)). Lookups see only entries this walk has added, so a walk sees
+    exactly what a fresh index built by the same adds would hold.
     """
 
     def __init__(self) -> None:
-        # block hash -> (position, owner, prompt) of the first prompt holding it
+        # block hash -> (seq, owner, prompt) of the earliest entry holding it
         self._first: dict[int, tuple[int, T, PromptKey]] = {}
-        # per position: the owner's id, its prompt length and the hashes it entered first
-        self._order: list[tuple[Hashable, int, list[int]]] = []
+        self._order: list[_Entry] = []  # sorted by seq
         self._pos = 0  # entries at positions >= _pos are not part of this walk (yet)
+        self._visible = 0  # lookups see entries with seq < _visible
+        self._seq = 0
 
     def begin(self) -> None:
         """Start a walk: nothing is visible until it is added again."""
-        self._pos = 0
+        self._pos = self._visible = 0
 
     def add(self, owner_id: Hashable, owner: T, key: PromptKey) -> None:
         """Enter ``key``'s full blocks at the walk's next position (earlier prompts keep their
@@ -80,36 +95,75 @@ class InflightPrefixes(Generic[T]):
         pos, order = self._pos, self._order
         self._pos = pos + 1
         if pos < len(order):
-            if order[pos][0] == owner_id and order[pos][1] == key.n:
-                return  # the same prompt at the same place: its entries stand
+            for j in range(pos, len(order)):
+                if order[j].owner_id == owner_id:
+                    break
+            else:
+                j = -1
+            if j >= 0 and order[j].key.n == key.n:
+                if j > pos:
+                    self._leave(pos, j)
+                self._visible = order[pos].seq + 1
+                return  # the same prompt, still in order: its entries stand
             self._truncate(pos)
+        seq = self._seq
+        self._seq = seq + 1
+        self._visible = seq + 1
         blocks = key.full_blocks
         if not blocks:
-            order.append((owner_id, key.n, []))
+            order.append(_Entry(owner_id, seq, owner, key, [], 0))
             return
         first = self._first
         hashes = key.ensure_hashes(blocks)
         held = _deepest(hashes, first.__contains__) if first else -1
         new = hashes[held + 1 :]
-        first.update(dict.fromkeys(new, (pos, owner, key)))
-        order.append((owner_id, key.n, new))
+        first.update(dict.fromkeys(new, (seq, owner, key)))
+        order.append(_Entry(owner_id, seq, owner, key, new, held + 1))
+
+    def _leave(self, pos: int, end: int) -> None:
+        """Entries [pos, end) leave; later entries take over the hashes they held first.
+
+        A later entry holds every hash of its prompt that it did not find entered (``add``), so
+        after the leavers' hashes go, the ones a later prompt shares are exactly its hashes now
+        missing: entered again in seq order, each by the earliest prompt holding it. Only a
+        prompt through a leaver's shallowest entered block can miss any (hashes are chained).
+        """
+        first, order = self._first, self._order
+        probes: list[tuple[int, int]] = []  # (depth, hash) of each leaver's shallowest entry
+        for e in order[pos:end]:
+            if e.entered:
+                probes.append((e.depth, e.key.hashes[e.depth]))
+            for h in e.entered:
+                if (held := first.get(h)) is not None and held[0] == e.seq:
+                    del first[h]
+        del order[pos:end]
+        for e in order[pos:]:  # ``add`` hashed each entry's full blocks: ``hashes`` is them
+            hashes = e.key.hashes
+            through = [d for d, h in probes if d < len(hashes) and hashes[d] == h]
+            if not through:
+                continue
+            missing = [h for h in hashes if h not in first]
+            if missing:
+                first.update(dict.fromkeys(missing, (e.seq, e.owner, e.key)))
+                e.depth = min(through) if not e.entered else min(e.depth, *through)
+                e.entered.extend(missing)
 
     def _truncate(self, pos: int) -> None:
         first, order = self._first, self._order
         while len(order) > pos:
-            for h in order.pop()[2]:
+            for h in order.pop().entered:
                 first.pop(h, None)  # a colliding hash may have been entered twice
 
     def sibling(self, key: PromptKey) -> Sibling | None:
         """The earlier prompt sharing the most full blocks with ``key`` (None: not one block)."""
         blocks = key.full_blocks
-        if not blocks or not self._first or not self._pos:
+        if not blocks or not self._first or not self._visible:
             return None
-        hashes, first, pos = key.ensure_hashes(blocks), self._first, self._pos
+        hashes, first, limit = key.ensure_hashes(blocks), self._first, self._visible
 
         def visible(h: int) -> bool:
             e = first.get(h)
-            return e is not None and e[0] < pos
+            return e is not None and e[0] < limit
 
         lo = _deepest(hashes, visible)
         if lo < 0:
@@ -178,13 +232,10 @@ class PrefixDemand(Generic[T]):
         return self._added.get(h, 0) - self._removed.get(h, 0)
 
     def _fold(self) -> None:
-        added = self._added
-        for h, c in self._removed.items():
-            left = added[h] - c
-            if left:
-                added[h] = left
-            else:
-                del added[h]
+        # One comprehension over ``_added`` (O(live blocks + slack), which the fold's trigger
+        # bounds by the removed blocks): Counter's per-key ``__delitem__`` is Python code.
+        removed = self._removed.get
+        self._added = Counter({h: v for h, c in self._added.items() if (v := c - removed(h, 0))})
         self._removed.clear()
         self._removed_blocks = 0
 

@@ -39,6 +39,10 @@ class DeviceLRU:
             tokens = self.unbacked.pop(entry)
         self.tokens -= tokens
 
+    def remove_unbacked(self, entry: Entry) -> None:
+        """``remove`` for an entry known to be in the unbacked list (the eviction fast path)."""
+        self.tokens -= self.unbacked.pop(entry)
+
     def discard(self, entry: Entry) -> None:
         # One pop per list, no membership test first: every block leaving the tree comes here.
         tokens = self.backed.pop(entry, None)

@@ -146,6 +146,14 @@ class ResidencyTracker:
         self.device_tokens -= s.tail_device_tokens
         s.tail_device, s.tail_device_state = None, R.ABSENT
 
+    def forget_unbacked(self, n: BlockNode) -> None:
+        """:meth:`forget_node` for the device LRU's unbacked victim: a free node whose device
+        copy is its only one (so it is in the unbacked list and, with no host copy, not dead)."""
+        self.lru.remove_unbacked(n)
+        self._freed.append((n.device, BLOCK_TOKENS))
+        self.device_tokens -= BLOCK_TOKENS
+        n.device, n.device_state = None, R.ABSENT
+
     def forget_node(self, n: BlockNode) -> None:
         """The node leaves the tree (§9.4): its device copy is freed, it leaves both lists."""
         if n.device_state is not R.ABSENT:

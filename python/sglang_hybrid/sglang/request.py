@@ -82,6 +82,7 @@ class ReqState:
     no_host: bool = False  # a restore of this request failed: resume from the device only
     prefetch_room: int | None = None  # spare device room at the last prefetch attempt
     prefetch_copied: int = 0
+    waits: bool | None = None  # whether it may wait on another's prefix (``waiting_key``)
 
     def next_cut(self, after: int) -> int | None:
         """The first exact tap past ``after`` that must end the pass starting there: all of
@@ -173,21 +174,29 @@ def key_for(state: ReqState | None, tokens: Any, n: int, namespace: int = 0) -> 
 def waiting_key(req: Any) -> PromptKey | None:
     """A waiting request's prompt key, kept on the request for its match (coalescing, and the
     fill holds of ``load_back.py``); None for requests that never wait on another's prefix:
-    images, a namespace (LoRA, cache salt), or not inserting into the cache."""
-    if (
-        getattr(req, "multimodal_inputs", None) is not None
-        or getattr(req, "lora_id", None)
-        or getattr(req, "extra_key", None)
-        or getattr(req, "cache_salt", None)
-        or getattr(req, "skip_radix_cache_insert", False)
-    ):
+    images, a namespace (LoRA, cache salt), or not inserting into the cache. The decision is
+    kept too: it reads attributes fixed at a request's creation, and the admission window asks
+    it of the same requests every pass."""
+    state: ReqState | None = getattr(req, ATTR, None)
+    if state is None or state.waits is None:
+        waits = not (
+            getattr(req, "multimodal_inputs", None) is not None
+            or getattr(req, "lora_id", None)
+            or getattr(req, "extra_key", None)
+            or getattr(req, "cache_salt", None)
+            or getattr(req, "skip_radix_cache_insert", False)
+        )
+        if state is None:
+            if not waits:
+                return None
+            n = len(req.origin_input_ids)
+            state = ReqState(
+                key=PromptKey(token_bytes(req.origin_input_ids, 0, n)), n_prompt=n, enabled=True
+            )
+            setattr(req, ATTR, state)
+        state.waits = waits
+    if not state.waits or state.key.namespace:
         return None
     n = len(req.origin_input_ids)
-    state: ReqState | None = getattr(req, ATTR, None)
-    if state is None:
-        key = PromptKey(token_bytes(req.origin_input_ids, 0, n))
-        setattr(req, ATTR, ReqState(key=key, n_prompt=n, enabled=True))
-        return key
-    if state.key.namespace:
-        return None
-    return state.key if state.key.n == n else state.key.prefix(min(n, state.key.n))
+    key = state.key
+    return key if key.n == n else key.prefix(min(n, key.n))
