@@ -67,6 +67,19 @@ def test_planner_places_the_follow_up_tap_before_the_tail() -> None:
     assert [t.source for t in taps] == [TapSource.FOLLOWUP]
 
 
+def test_the_follow_up_tap_of_a_block_aligned_prompt_is_at_the_divergence() -> None:
+    """A follow-up leaving a prompt of n tokens q tokens before its end diverges at n - q; with
+    n - q on the grid the tap is there, not a block short (bench_serving's shared-prefix shape:
+    2,048-token system prompts, 128-token questions)."""
+    planner = TapPlanner(taps_per_request=2, ladder_tokens=16384, min_gap_tokens=8192)
+    taps = planner.plan(2048 + 128, 0, followup_offset=128)
+    assert (2048, TapSource.FOLLOWUP) in [(t.position, t.source) for t in taps]
+    f = FollowUpOffsets()
+    for _ in range(MIN_OBSERVATIONS):
+        f.observe(128)
+    assert f.offset(2048 + 128) == 128
+
+
 def test_hinted_prompts_get_no_follow_up_tap() -> None:
     """A template's opener or a client's breakpoint already says where the prompt resumes;
     message boundaries alone (they only snap the ladder) do not."""

@@ -12,9 +12,12 @@ block-hashed trace with a private last block move it further. The prompt-tail ta
 of its last ``WINDOW_TOKENS`` with its end (``BlockNode.prompt_end``, at release). When a later
 match leaves the tree at a block boundary d on such a node (the branch point), ``e - d`` is one
 observation: a follow-up diverged that many tokens before an earlier prompt's end e. A prefill of
-n tokens resuming at ``base`` then taps at n - 1 - q, the q that maximises the expected saving
-``P(offset <= q) * (n - 1 - q - base)`` over the observed offsets: near the largest offset when
-the prompt is long past its base, nearer the tail when it is not.
+n tokens resuming at ``base`` then taps at n - q, the q that maximises the expected saving
+``P(offset <= q) * (n - q - base)`` over the observed offsets: near the largest offset when
+the prompt is long past its base, nearer the tail when it is not. A follow-up that leaves this
+prompt ``offset`` tokens before its end diverges at n - offset, so the tap at n - q serves
+exactly the offsets up to q (it once sat at n - 1 - q: one token short, which the grid floor
+turned into a whole block whenever n - q was on the grid).
 
 The histogram ages by observation count, never by time (every TP rank learns the same from the
 same stream), and offsets past the window are ignored: the ladder serves those. O(1) to observe,
@@ -54,7 +57,7 @@ class FollowUpOffsets:
         self.weight += 1.0
 
     def offset(self, span: int) -> int | None:
-        """The q to tap at n - 1 - q for a prefill that computes ``span`` = n - 1 - base tokens,
+        """The q to tap at n - q for a prefill that computes ``span`` = n - base tokens,
         or None (too few observations, or no offset leaves a block above the base)."""
         if self.observations < MIN_OBSERVATIONS or self.weight <= 0.0:
             return None

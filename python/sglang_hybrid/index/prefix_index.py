@@ -326,7 +326,7 @@ class PrefixIndex:
             existing=existing,
             vision_spans=key.vision_spans,
             branch_point=bp,
-            followup_offset=self.followups.offset(n - 1 - base),
+            followup_offset=self.followups.offset(n - base),
             skip_opener=source is not None and source.kind is SnapshotKind.ENDPOINT,
         )
 

@@ -7,7 +7,7 @@ Candidates, in priority order:
 3. the generation opener of the final assistant turn          exact
 4. structural boundaries (end of tools / leading system)      exact, Boundary
    protocol-automatic markers plan like structural ones       exact, Tap
-5. the follow-up tap n - 1 - q, q learned from where later
+5. the follow-up tap n - q, q learned from where later
    prompts left earlier ones (``followups``, beyond the spec;
    only for prompts without hints 1, 3, 4)                    exact, on the grid
 6. the prompt tail, n - 1                                     flexible
@@ -134,7 +134,7 @@ class TapPlanner:
         if (
             followup_offset is not None
             and all(h.kind is HintKind.MESSAGE for h in hints)
-            and (p := snap(n - 1 - followup_offset)) is not None
+            and (p := snap(n - followup_offset)) is not None
         ):
             # On the grid but exact: a pass must end there (a flexible tap would be taken at
             # the next pass end, the prompt tail, which is what it is meant to precede).
