@@ -52,3 +52,26 @@ def test_seeded():
     c = shared_prefix_trace(num_groups=2, prompts_per_group=2, seed=5)
     assert all(np.array_equal(x.input_ids, y.input_ids) for x, y in zip(a.requests, b.requests))
     assert not np.array_equal(a.requests[0].input_ids, c.requests[0].input_ids)
+
+
+def test_hybrid_computes_each_shared_system_prompt_about_once_per_group(qwen35_dir) -> None:
+    """bench_serving's shape in small (16 groups of 8, 2,048-token system prompts, 128-token
+    questions, all at once): block-aligned prompts whose follow-ups leave them 128 tokens before
+    the end. With the follow-up tap one token short (n - 1 - q, floored a block below the
+    divergence) each group computed its system prompt 2.0 times here; at n - q, 1.5."""
+    from replay_fixtures import settings
+
+    from sglang_hybrid.replay.driver import replay
+
+    groups, per, system, question = 16, 8, 2048, 128
+    trace = shared_prefix_trace(
+        num_groups=groups,
+        prompts_per_group=per,
+        system_prompt_len=system,
+        question_len=question,
+        output_len=16,
+        seed=0,
+    )
+    s = replay(trace, "hybrid", settings(qwen35_dir, device_bytes=8 << 30)).summary()
+    per_group = (s.prefill_tokens - groups * per * question) / system / groups
+    assert per_group <= 1.75, per_group
