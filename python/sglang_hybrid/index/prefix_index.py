@@ -33,7 +33,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from . import links, persist
+from . import eviction, links, persist
 from . import valuation as val
 from .config import CacheConfig
 from .cost import CostModel
@@ -124,7 +124,7 @@ class PrefixIndex:
         # Bumps whenever a quote may have gone stale (§6.3); also bumped by ``transfers``.
         self.epoch = 0
         # The bumps of ``epoch`` made by dropping device copies and deleting subtrees: what
-        # ``resume_epoch`` leaves out. Only evict_device and delete_subtree change it.
+        # ``resume_epoch`` leaves out. Only note_pressure changes it.
         self._pressure_bumps = 0
         self.stats = IndexStats()
         self._next_snapshot = 1
@@ -610,72 +610,20 @@ class PrefixIndex:
 
     def delete_subtree(self, node: BlockNode) -> None:
         """Losing the last copy (§9.4): the node, everything below it and their snapshots go."""
-        self.stats.subtree_deletions += 1
-        # Most deletions are of a childless block (device eviction under pressure: 867k of the
-        # Mooncake trace's victims), whose subtree is itself: no walk for them.
-        nodes = (node,) if node.n_children == 0 else list(self.tree.subtree_postorder(node))
-        for x in nodes:
-            assert x.active_refs == 0 and x.restore_pins == 0, f"deleting pinned {x}"
-            if x.snapshots:
-                for s in list(x.snapshots):
-                    self.delete_snapshot(s)
-            self.residency.forget_node(x)
-            if x.host_state is not R.ABSENT:
-                assert self.host is not None
-                self.host.release([x.host_slab])
-                x.host_slab, x.host_state = -1, R.ABSENT
-            self.tree.remove_leaf(x)
-        self.epoch += 1
-        self._pressure_bumps += 1
+        eviction.delete_subtree(self, node)
 
     def evict_device(self, tokens: int, *, backed_only: bool = False) -> int:
         """Free at least ``tokens`` device tokens from the LRU if it can; returns tokens freed.
 
         ``backed_only`` never drops a last copy (a prefetch must not, §6.6).
         """
-        residency, tree, stats = self.residency, self.tree, self.stats
-        backed, unbacked = residency.lru.backed, residency.lru.unbacked
-        start = residency.device_tokens
-        goal = start - tokens
-        victims = 0
-        while residency.device_tokens > goal:
-            if backed:
-                victim = next(iter(backed))
-            elif unbacked and not backed_only:
-                victim = next(iter(unbacked))
-            else:
-                break
-            victims += 1
-            if type(victim) is BlockNode:
-                if victim.host_state is R.RESIDENT:
-                    stats.device_evicted_backed += 1
-                    residency.drop_node_device(victim)
-                elif (
-                    victim.n_children == 0
-                    and not victim.snapshots
-                    and victim.host_state is R.ABSENT
-                ):
-                    # The common victim under pressure (867k of the Mooncake trace's): a bare
-                    # leaf whose device copy is its only copy (§9.4). Its subtree is itself.
-                    stats.device_evicted_unbacked += 1
-                    stats.subtree_deletions += 1
-                    residency.forget_unbacked(victim)
-                    tree.remove_leaf(victim)
-                else:
-                    stats.device_evicted_unbacked += 1
-                    self.delete_subtree(victim)
-            else:
-                assert isinstance(victim, Snapshot)
-                if victim.tail_host_state is R.RESIDENT:
-                    stats.device_evicted_backed += 1
-                    residency.drop_tail_device(victim)
-                else:
-                    stats.device_evicted_unbacked += 1
-                    self.delete_snapshot(victim)
-        # Device pressure moves no resume point: both counters, so ``resume_epoch`` stays.
-        self.epoch += victims
-        self._pressure_bumps += victims
-        return start - residency.device_tokens
+        return eviction.evict_device(self, tokens, backed_only=backed_only)
+
+    def note_pressure(self, bumps: int) -> None:
+        """``bumps`` changes that move no resume point (device copies dropped, blocks deleted
+        under pressure): ``epoch`` moves, ``resume_epoch`` does not."""
+        self.epoch += bumps
+        self._pressure_bumps += bumps
 
     # ================================================================ persistence (§5.5)
     def export_host(self) -> HostExport:
