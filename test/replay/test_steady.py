@@ -204,3 +204,42 @@ def test_live_flushes_prefills_and_leaves_the_warmup_out(tmp_path, capsys, small
     assert data["warmup"]["requests"] == len(warm)
     assert data["summary"]["requests"] == 6
     assert [r["rid"] for r in data["requests"]] == [r.rid for r in small_agent_trace.requests[:6]]
+
+
+class _Busy(BaseHTTPRequestHandler):
+    """Refuses ``/flush_cache`` as SGLang does while requests run, ``busy`` times."""
+
+    busy: ClassVar[int] = 0
+    asked: ClassVar[int] = 0
+
+    def log_message(self, *args):  # quiet
+        pass
+
+    def do_GET(self):
+        cls = type(self)
+        cls.asked += 1
+        status, body = (400, b"Flush cache failed.\n") if cls.asked <= cls.busy else (200, b"ok")
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+def test_a_flush_waits_for_the_requests_it_did_not_send():
+    """A router that just started probes its workers with real generations: the flush asks again
+    until the server is idle, and gives up with the server's answer when it never is."""
+    from sglang_hybrid.replay.live import LiveError, flush_cache
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Busy)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        _Busy.busy, _Busy.asked = 3, 0
+        flush_cache(url)
+        assert _Busy.asked == 4
+        _Busy.busy, _Busy.asked = 10**6, 0
+        with pytest.raises(LiveError, match="Flush cache failed"):
+            flush_cache(url, wait_s=0.5)
+        assert _Busy.asked >= 2
+    finally:
+        server.shutdown()

@@ -18,8 +18,9 @@ Contract:
   replay; dependants are still sent (their prompts are fixed). An unreachable server raises
   ``LiveError`` before anything is sent. ``on_result`` is called as each request finishes.
 - Steady state (``replay live --flush``, ``--warmup-unrelated N`` / ``--prefill-pool``):
-  ``flush_cache(url)`` empties the server's prefix cache (SGLang's ``/flush_cache``; it refuses
-  while requests run); ``server_pools(url)`` reads the KV tokens and state slots the server was
+  ``flush_cache(url)`` empties the server's prefix cache (SGLang's ``/flush_cache``, which
+  refuses while requests run: asked again until the server is idle, up to ``wait_s``);
+  ``server_pools(url)`` reads the KV tokens and state slots the server was
   started with (``/server_info``), which ``--prefill-pool`` sizes its unrelated warm-up from.
 
 Why the streams are read here and not through the ``openai`` client: most of the traffic is
@@ -163,11 +164,24 @@ def _get(url: str, timeout_s: float = 60.0) -> tuple[int, bytes]:
         raise LiveError(f"cannot reach {url}: {e}") from None
 
 
-def flush_cache(url: str) -> None:
-    """Empty the server's prefix cache (``/flush_cache``); ``LiveError`` if it refuses."""
-    status, body = _get(f"{url.rstrip('/')}/flush_cache")
-    if status != 200:
-        raise LiveError(f"{url}/flush_cache answered {status}: {body.decode(errors='replace')}")
+def flush_cache(url: str, wait_s: float = 60.0) -> None:
+    """Empty the server's prefix cache (``/flush_cache``); ``LiveError`` if it still refuses
+    after ``wait_s``.
+
+    SGLang refuses (400) while any request runs or waits, and requests the client did not send
+    may be running: a router that just started probes its workers with ``/health_generate``, a
+    real generation. So a refusal is asked again until the server is idle or ``wait_s`` passes.
+    """
+    import time
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        status, body = _get(f"{url.rstrip('/')}/flush_cache")
+        if status == 200:
+            return
+        if status != 400 or time.monotonic() >= deadline:
+            raise LiveError(f"{url}/flush_cache answered {status}: {body.decode(errors='replace')}")
+        time.sleep(0.2)
 
 
 def server_pools(url: str) -> tuple[int, int]:
