@@ -63,10 +63,13 @@ class DeviceLRU:
         if entry in src:
             dst[entry] = src.pop(entry)
 
-    def peek_victim(self) -> Entry | None:
-        for lst in (self.backed, self.unbacked):
-            if lst:
-                return next(iter(lst))
+    def peek_victim(self, backed_only: bool = False) -> Entry | None:
+        """The next entry to evict: the backed list's head, else (unless ``backed_only``) the
+        unbacked list's."""
+        if self.backed:
+            return next(iter(self.backed))
+        if self.unbacked and not backed_only:
+            return next(iter(self.unbacked))
         return None
 
     def is_backed(self, entry: Entry) -> bool:

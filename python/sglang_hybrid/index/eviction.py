@@ -48,16 +48,13 @@ def evict_device(index: PrefixIndex, tokens: int, *, backed_only: bool = False) 
     ``backed_only`` never drops a last copy (a prefetch must not, §6.6).
     """
     residency, tree, stats = index.residency, index.tree, index.stats
-    backed, unbacked = residency.lru.backed, residency.lru.unbacked
+    peek = residency.lru.peek_victim
     start = residency.device_tokens
     goal = start - tokens
     victims = 0
     while residency.device_tokens > goal:
-        if backed:
-            victim = next(iter(backed))
-        elif unbacked and not backed_only:
-            victim = next(iter(unbacked))
-        else:
+        victim = peek(backed_only)
+        if victim is None:
             break
         victims += 1
         if type(victim) is BlockNode:

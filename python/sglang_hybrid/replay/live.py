@@ -172,8 +172,6 @@ def flush_cache(url: str, wait_s: float = 60.0) -> None:
     may be running: a router that just started probes its workers with ``/health_generate``, a
     real generation. So a refusal is asked again until the server is idle or ``wait_s`` passes.
     """
-    import time
-
     deadline = time.monotonic() + wait_s
     while True:
         status, body = _get(f"{url.rstrip('/')}/flush_cache")
