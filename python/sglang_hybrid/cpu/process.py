@@ -5,9 +5,10 @@ Contract (shared by ``CpuServer`` and the scale-out router, ``scaleout/router.py
   then polls ``ready()`` until it answers True, reporting progress through ``on_progress`` every
   5 s. A process that exits, or is not ready within ``startup_timeout_s``, raises ``ServerError``
   with the tail of its log.
-- A start whose process died of a taken address (a port drawn free and bound later, taken by
-  another process in between) is retried on newly drawn ports (``release_ports``), 3 starts
-  in all.
+- A start that failed on a taken address (a port drawn free and bound later, taken by another
+  process in between; seen in the log, since SGLang's HTTP server hangs rather than exits after
+  a failed bind) is stopped and retried on newly drawn ports (``release_ports``), 3 starts in
+  all.
 - ``stop()`` SIGTERMs the group, waits ``grace_s``, then SIGKILLs what is left (SGLang spawns a
   scheduler and a detokenizer, the router its worker threads; killing the group leaves nothing
   behind). It is idempotent and is what ``__exit__`` calls, so a ``with`` block never leaks a
@@ -118,8 +119,7 @@ class ManagedProcess(Lifecycle):
         """Forget the ports ``prepare`` drew, so the next start draws new ones."""
 
     def _lost_a_port(self) -> bool:
-        if self.proc is None or self.proc.poll() is None:
-            return False
+        """Whether the start-up log shows a bind that failed on a taken address."""
         # SGLang's words: OSError's "Address already in use" (the HTTP port), PortArgs'
         # "Port is already in use", c10d's EADDRINUSE (the process-group port).
         tail = self.log_tail(200)
@@ -150,6 +150,13 @@ class ManagedProcess(Lifecycle):
                 raise ServerError(
                     f"the {self.name} exited with {self.proc.returncode} during start-up; "
                     f"log {self.log_path}:\n{self.log_tail()}"
+                )
+            if self._lost_a_port():
+                # SGLang's HTTP server logs the failed bind and then hangs in its shutdown
+                # instead of exiting: the log, not the exit, says the start failed.
+                raise ServerError(
+                    f"the {self.name} could not bind a port; log {self.log_path}:\n"
+                    f"{self.log_tail()}"
                 )
             if self.ready():
                 return
