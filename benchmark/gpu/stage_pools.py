@@ -10,7 +10,8 @@ copies are checked against real stream ordering) run unchanged through pytest in
 and ``test/conftest.py``'s schedulers get ``device=...``. Their checking worker proves at every pass
 that the resumed state and every prefix KV slot are what an uncached run would hold, SGLang's strict
 busy/idle pool checks run after every step, and the index's invariant checker at every idle point,
-so the device discipline of every tensor the backend hands SGLang is exercised.
+so the device discipline of every tensor the backend hands SGLang is exercised. One test of
+``test_speculative.py`` adds the draft model's KV pool, copied with the target's.
 """
 
 from __future__ import annotations
@@ -21,7 +22,17 @@ from typing import Any
 
 from common import ROOT, Ctx, add_paths, log
 
-FILES = ("test_helpers_path.py", "test_host_tier.py", "test_scenarios.py", "test_overlap.py")
+# Speculative decoding (issue #14): the draft model's KV pool moved with every tail and restore,
+# through SGLang's speculative scheduler path (CPU_MTP's verify runs on the CPU workers' model,
+# its pools on the device).
+DRAFT_KV = "test_speculative.py::test_the_draft_kv_moves_with_the_targets"
+FILES = (
+    "test_helpers_path.py",
+    "test_host_tier.py",
+    "test_scenarios.py",
+    "test_overlap.py",
+    DRAFT_KV,
+)
 QUICK = (
     "test_helpers_path.py::test_repeat_multiturn_and_tail_resume[1]",
     "test_helpers_path.py::test_abort_mid_prefill_keeps_the_committed_chunks[64]",
@@ -29,6 +40,7 @@ QUICK = (
     "test_scenarios.py::test_same_prompt_twice[1]",
     "test_scenarios.py::test_cancel_mid_prefill_publishes_what_it_computed[64]",
     "test_overlap.py::test_a_tap_at_the_prompt_end_holds_the_state_it_names[1]",
+    DRAFT_KV,
 )
 
 

@@ -59,6 +59,7 @@ class Run:
     reqs: dict[str, Any] = field(default_factory=dict)
     asked: dict[str, Req] = field(default_factory=dict)
     cache: dict[str, Any] = field(default_factory=dict)  # per program: stats after it ran
+    draft_checked: int = 0  # +mtp: reused positions whose draft KV rows were checked
 
 
 def _pressure(chat: Chat, rng: random.Random):
@@ -97,6 +98,9 @@ def run_config(make_scheduler, model_dir: Path, chat: Chat, name: str) -> Run:
             )
         }
     sched = make_scheduler(model_dir, worker="model", record_logits=True, **cfg, **kw)
+    spec = sched.scheduler.model_worker if "speculative_algorithm" in cfg else None
+    if spec is not None:
+        spec.check_draft = True  # every pass: the reused prefix carries its draft KV rows
     run = Run(name)
     small = name.startswith("hybrid-small")
     programs = PROGRAMS_SMALL if small else PROGRAMS
@@ -158,6 +162,8 @@ def run_config(make_scheduler, model_dir: Path, chat: Chat, name: str) -> Run:
                 taps_in_pass=tc.publisher.taps_in_pass,
                 nodes_by_depth=_depths(tc.index),
             )
+    if spec is not None:
+        run.draft_checked = spec.draft_kv.checked_tokens
     return run
 
 

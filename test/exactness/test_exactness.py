@@ -92,6 +92,14 @@ def test_multi_turn_exact_endpoint_with_a_copied_tail(suite, config: str) -> Non
     same_tokens(suite, config, "mt-")
 
 
+@pytest.mark.parametrize("config", ["zero_split+host+mtp", "hybrid-small+host+mtp"])
+def test_speculative_runs_carried_the_draft_kv(suite, config: str) -> None:
+    """Every pass of the +mtp runs checked that the reused prefix holds the draft model's KV
+    rows of its own positions (``cpu/draft_kv.py``): the cache moved them with every copied
+    tail and host restore, on the real tiny model."""
+    assert suite[config].draft_checked > 1000
+
+
 @pytest.mark.parametrize("config", HYBRID)
 def test_rerendered_history_keeps_the_turn(suite, config: str) -> None:
     n1 = len(suite[config].asked["rr-1"].ids)

@@ -117,17 +117,21 @@ def test_an_overshooting_round_publishes_no_endpoint_past_the_stop(build) -> Non
     assert follow.cached_tokens >= 192  # a snapshot on the prompt's grid still serves
 
 
+# Pools small enough for conversations to evict each other, with a host tier behind them.
+SMALL_HOST = dict(
+    chunk=128,
+    opts={"tap_mode": "zero-split", "host_cache_mib": 16},
+    total=2048,
+    running=2,
+    mamba=12,
+    **SPEC,
+)
+
+
 def test_host_tier_and_eviction_under_speculation(build) -> None:
     """Small pools with a host tier: verify reserves (2·D slots a round) evict cached blocks,
     which the host tier keeps; later turns restore them and resume exactly."""
-    h = build(
-        chunk=128,
-        opts={"tap_mode": "zero-split", "host_cache_mib": 16},
-        total=2048,
-        running=2,
-        mamba=12,
-        **SPEC,
-    )
+    h = build(**SMALL_HOST)
     convs = [_prompt(20 + i, 450) for i in range(6)]  # ~3k tokens: more than the pool
     for rnd in range(2):
         for i, c in enumerate(convs):
@@ -137,6 +141,57 @@ def test_host_tier_and_eviction_under_speculation(build) -> None:
     assert stats.device_evicted_backed > 0
     assert h.cache.host_tier.restored_blocks > 0
     assert _spec_worker(h).accepted_drafts > 0
+
+
+def _draft_scenario(h) -> None:
+    """Conversations on small pools with a host tier and taps inside blocks: endpoint tails are
+    copied to private pages at resume, evicted blocks restored from the host. One token per
+    round, so no round overshoots the budget and every finish publishes its endpoint."""
+    _spec_worker(h).drafts = DraftSchedule(miss_every=1)
+    convs = [_prompt(50 + i, 430) for i in range(6)]
+    for rnd in range(2):
+        for i, c in enumerate(convs):
+            r = h.run(c, max_new=37)
+            convs[i] = c + list(r.output_ids) + _prompt(60 + 6 * rnd + i, 29)
+
+
+def test_the_draft_kv_moves_with_the_targets(build) -> None:
+    """The draft model's KV pool (an MTP layer's, over the target's slot ids) is found through
+    the draft runners and copied with every tail and host restore: before every pass each
+    request's reused prefix holds its own draft rows (``DraftKV.check``)."""
+    h = build(**SMALL_HOST)
+    worker = _spec_worker(h)
+    worker.check_draft = True
+    assert h.cache.pools.draft_kv_pools == (worker.draft_kv.pool,)
+    assert h.cache.pools.draft_layers == 1
+    n_kv = len(h.cache.pools.kv_buffers) // 2
+    assert h.cache._forward_order()[-1] == ("kv", n_kv - 1)  # restored after the target's
+    tails = [0]
+    copy_tail = h.cache._copy_tail
+
+    def counted(source):
+        tails[0] += 1
+        return copy_tail(source)
+
+    h.cache._copy_tail = counted
+    _draft_scenario(h)
+    assert h.cache.host_tier.restored_blocks > 0
+    assert tails[0] > 0
+    assert worker.draft_kv.checked_tokens > 5000
+    assert h.s.worker.checked_tokens > 0  # the target's rows checked too (CheckingWorker)
+
+
+def test_without_the_draft_pools_the_draft_check_fails(build, monkeypatch) -> None:
+    """The control: a cache that does not know the draft pools moves the target's KV alone,
+    and the first resume from a moved block or tail hands the draft another request's rows."""
+    from sglang_hybrid.sglang import draft
+
+    monkeypatch.setattr(draft, "collect", lambda spec, target: ())
+    h = build(**SMALL_HOST)
+    _spec_worker(h).check_draft = True
+    assert h.cache.pools.draft_layers == 0
+    with pytest.raises(AssertionError, match="moved the target's KV without the draft's"):
+        _draft_scenario(h)
 
 
 def test_the_cache_accepts_the_algorithm_the_workers_register() -> None:

@@ -24,7 +24,12 @@ Contract of ``CpuSpecWorker`` (topk 1, ``D = num_steps + 1`` tokens per round):
   verify reaches its position, from the target's token there; this accepts exactly the runs a
   drafter proposing the same tokens ahead would (a draft after the first wrong one is never
   accepted, whatever it is), without running the model twice. There is no MTP head: the tiny
-  model has none, and what the cache must honour depends only on which tokens are accepted.
+  model has none, and which tokens the cache must honour depends only on which are accepted.
+- The draft model's KV pool (``draft_kv.py``): an MTP layer's pool over the target's slot ids,
+  written after every pass for every slot the target wrote, as SGLang's draft runner owns one;
+  SGLang's ``_draft_model_runners()`` names it, which is how the prefix cache finds the pools it
+  must copy with the target's. ``check_draft`` (off by default; tests) checks, before every
+  pass, that each request's reused prefix carries the draft rows of its own positions.
 - Sampling: the CPU worker's sampler draws the token at a position from a generator seeded by
   the position, so "accept while the draft equals the target's token" emits exactly the tokens
   of a run without speculation, greedy or not.
@@ -38,6 +43,7 @@ from typing import Any
 
 import torch
 
+from sglang_hybrid.cpu.draft_kv import DraftKV, DraftRunner
 from sglang_hybrid.cpu.errors import unsupported
 from sglang_hybrid.cpu.mix import mix64
 
@@ -121,10 +127,17 @@ class CpuSpecWorker:
         self.drafts = DraftSchedule()
         self.rounds = 0
         self.accepted_drafts = 0
+        self.draft_kv: DraftKV | None = None  # the MTP layer's pool (alloc_memory_pool)
+        self.check_draft = False
 
     @property
     def draft_worker(self) -> None:
         return None
+
+    def _draft_model_runners(self) -> tuple[DraftRunner, ...]:
+        # SGLang's BaseSpecWorker names its draft runners (whose pools a cache with a host tier
+        # backs up) through this method; ours has one, the MTP layer's.
+        return (self.draft_kv.runner,) if self.draft_kv is not None else ()
 
     def alloc_memory_pool(
         self,
@@ -136,6 +149,7 @@ class CpuSpecWorker:
         self.req_to_token_pool, self.token_to_kv_pool_allocator = (
             self._target_worker.get_memory_pool()
         )
+        self.draft_kv = DraftKV(self._target_worker.model_runner)
 
     def forward_batch_generation(self, batch: Any, pp_proxy_tensors: Any = None) -> Any:
         from sglang.srt.managers.utils import GenerationBatchResult
@@ -146,7 +160,11 @@ class CpuSpecWorker:
             unsupported("pipeline parallelism")
         mode = batch.forward_mode
         if mode.is_extend() or mode.is_idle():
+            if mode.is_extend():
+                self._check_draft(batch, batch.prefix_lens)
             result = target.forward_batch_generation(batch)
+            if mode.is_extend() and self.draft_kv is not None:
+                self.draft_kv.write(batch.out_cache_loc)
             bonus = result.next_token_ids
             return GenerationBatchResult(
                 logits_output=None,
@@ -159,6 +177,9 @@ class CpuSpecWorker:
             )
         if not mode.is_decode():
             unsupported(f"forward mode {mode.name} with speculative decoding")
+        seq_lens = batch.seq_lens_cpu if batch.seq_lens_cpu is not None else batch.seq_lens
+        starts = [int(x) for x in seq_lens.tolist()]
+        self._check_draft(batch, starts)
         runs = target.verify_chains(
             batch,
             bonus=batch.spec_info.bonus_tokens.tolist(),
@@ -166,6 +187,10 @@ class CpuSpecWorker:
             drafts=self.drafts,
         )
         d = self.num_draft_tokens
+        if self.draft_kv is not None:  # the draft layer over every verify input's slot
+            table = self.req_to_token_pool.req_to_token
+            for row, start in zip(batch.req_pool_indices.tolist(), starts, strict=True):
+                self.draft_kv.write(table[row, start : start + d])
         predict = torch.zeros(len(runs) * d, dtype=torch.int64)
         for i, run in enumerate(runs):
             predict[i * d : i * d + len(run)] = torch.tensor(run, dtype=torch.int64)
@@ -182,6 +207,14 @@ class CpuSpecWorker:
             next_draft_input=_draft_input(EagleDraftInput, bonus),
             speculative_num_draft_tokens=d,
         )
+
+    def _check_draft(self, batch: Any, reused: list[int]) -> None:
+        """With ``check_draft``: request i's first ``reused[i]`` positions carry its draft rows."""
+        if not self.check_draft or self.draft_kv is None:
+            return
+        table = self.req_to_token_pool.req_to_token
+        for req, row, n in zip(batch.reqs, batch.req_pool_indices.tolist(), reused, strict=True):
+            self.draft_kv.check(req.rid, table[row, : int(n)])
 
 
 def _draft_input(cls: Any, bonus: torch.Tensor) -> Any:

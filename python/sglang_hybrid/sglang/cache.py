@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -83,6 +84,7 @@ class HybridRadixCache(BasePrefixCache):
         options: HybridOptions,
         cost: CostModel | None = None,
         capture_grid: int | None = None,
+        draft_kv_pools: Sequence[Any] = (),
     ) -> None:
         # SGLang types it as the plain ReqToTokenPool; a hybrid model's (HybridReqToTokenPool)
         # also has the mamba_pool and mamba_allocator read here
@@ -99,7 +101,8 @@ class HybridRadixCache(BasePrefixCache):
         # Every tensor handed to SGLang's pools and allocators is made on this device (the KV
         # pool's and the MambaPool's); "cpu" strings in this package only name host metadata.
         self.device = torch.device(kv_pool.device)
-        self.pools = DevicePools(kv_pool, r2t.mamba_pool, self.device)
+        # Speculative decoding: the draft model's KV pools (``draft.py``) move with the target's.
+        self.pools = DevicePools(kv_pool, r2t.mamba_pool, self.device, draft_kv_pools)
         cache = r2t.mamba_pool.mamba_cache
         self._state_tensors = [*cache.conv, cache.temporal]
         self.layout = build_layout(self.pools.kv_buffers, self._state_tensors)
@@ -180,7 +183,10 @@ class HybridRadixCache(BasePrefixCache):
         order = sorted(
             [(g, "kv", i) for g, i in full.items()] + [(g, "state", i) for g, i in linear.items()]
         )
-        return [(kind, i) for _, kind, i in order]
+        # The draft model runs after the target: its layers come last (``DevicePools``).
+        n_kv = len(self.pools.kv_buffers) // 2
+        drafts = [("kv", i) for i in range(n_kv - self.pools.draft_layers, n_kv)]
+        return [(kind, i) for _, kind, i in order] + drafts
 
     def bind_scheduler(self, scheduler: Scheduler) -> None:
         """Once, before the scheduler's first pass. Under overlap scheduling the next batch is

@@ -41,8 +41,13 @@ SCALED_KV_DTYPES = ("nvfp4", "fp4_mx_block16", "mxfp8")
 
 HND_ENV = "SGLANG_USE_HND_KVCACHE"
 # The speculative algorithm the CPU workers register (``cpu/speculative.py``; named here so this
-# layer does not import the workers): the one the cache accepts (issue #14).
+# layer does not import the workers): accepted as SGLang runs it, synchronously (issue #14).
 SPEC_ON_CPU = "CPU_MTP"
+# SGLang's algorithms whose draft is an attention-only model over the target's slot ids (an MTP
+# head or an EAGLE draft): the cache copies the draft's KV pool with the target's (``draft.py``).
+# Accepted with overlap scheduling off, the speculative path the CPU workers test (SGLang runs
+# CPU_MTP synchronously); NEXTN resolves to EAGLE.
+SPEC_WITH_DRAFT_KV = ("EAGLE", "EAGLE3", "NEXTN")
 
 
 def _get(view: Any, name: str, default: Any = None) -> Any:
@@ -149,13 +154,22 @@ def check_server_args(view: Any) -> None:
             f"snapshots; use --mamba-radix-cache-strategy no_buffer (or leave it out)"
         )
     algo = _get(view, "speculative_algorithm")
-    if algo not in (None, "", "NONE", SPEC_ON_CPU):
+    if algo in SPEC_WITH_DRAFT_KV:
+        if not _get(view, "disable_overlap_schedule"):
+            # A result processed one batch late meets a request already verified again: where
+            # the finish's endpoint then sits is untested for speculative rounds (the CPU
+            # workers' speculative path runs synchronously), so it is not offered.
+            raise ConfigError(
+                f"--speculative-algorithm {algo} with overlap scheduling: --radix-cache hybrid "
+                f"serves speculative decoding with overlap scheduling off; add "
+                f"--disable-overlap-schedule"
+            )
+    elif algo not in (None, "", "NONE", SPEC_ON_CPU):
         raise ConfigError(
-            f"--speculative-algorithm {algo}: not supported with --radix-cache hybrid yet: the "
-            f"draft model's KV pool is not copied with a block's tail or restored from the host, "
-            f"and no run of SGLang's speculative workers backs it (they need a GPU; "
-            f"{SPEC_ON_CPU} serves SGLang's speculative scheduler path on the CPU workers); "
-            f"drop it"
+            f"--speculative-algorithm {algo}: not supported with --radix-cache hybrid: the cache "
+            f"copies a draft model's KV pool with the target's ({', '.join(SPEC_WITH_DRAFT_KV)}"
+            f"), not the state or buffers other speculative workers keep; use one of those (with "
+            f"--disable-overlap-schedule) or drop it"
         )
     if (_get(view, "pp_size") or 1) > 1:
         raise ConfigError("--pp-size > 1: not supported with --radix-cache hybrid")

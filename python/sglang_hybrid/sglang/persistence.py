@@ -167,6 +167,9 @@ def fingerprint(ctx: Any, cache: Any) -> dict[str, Any]:
         "dtype": str(getattr(mc, "dtype", getattr(sa, "dtype", None))),
         "kv_cache_dtype": str(getattr(sa, "kv_cache_dtype", None)),
         "kv_dtypes": sorted({str(b.dtype) for b in cache.pools.kv_buffers}),
+        # A slab holds the draft model's KV too under speculative decoding (``draft.py``).
+        "draft_kv_layers": int(cache.pools.draft_layers),
+        "draft_model_path": str(getattr(sa, "speculative_draft_model_path", None)),
         "state_dtypes": cache.state_dtypes,
         "page_size": int(cache.page_size),
         "block_tokens": BLOCK_TOKENS,

@@ -70,6 +70,14 @@ def register() -> None:
     HookRegistry.register(
         "sglang.srt.managers.scheduler.Scheduler.flush_cache", _after_flush, after
     )
+    # Speculative decoding: the draft model's KV pools, collected for the cache (``draft.py``).
+    from . import draft
+
+    HookRegistry.register(
+        "sglang.srt.managers.scheduler.Scheduler.init_memory_pools",
+        draft.after_init_memory_pools,
+        after,
+    )
     HookRegistry.register(
         "sglang.srt.managers.scheduler_components.output_streamer.SchedulerOutputStreamer"
         ".get_cached_tokens_details",
@@ -413,6 +421,7 @@ def build_cache(ctx: Any) -> Any:
     from ..index import ConfigError
     from .cache import HybridRadixCache
     from .checks import check_kv_pool, check_pools, check_server_args
+    from .draft import draft_kv_pools_of
     from .flags import get_options, resolve
 
     sa = ctx.server_args
@@ -447,7 +456,10 @@ def build_cache(ctx: Any) -> Any:
             f"layers: drop --radix-cache hybrid"
         )
     opts, grid = _resolve_tap_mode(opts, ctx.tp_worker)
-    cache = HybridRadixCache(params, config=config, options=opts, capture_grid=grid)
+    drafts = draft_kv_pools_of(ctx.tp_worker)
+    cache = HybridRadixCache(
+        params, config=config, options=opts, capture_grid=grid, draft_kv_pools=drafts
+    )
     if opts.check_ranks:
         from .ranks import RankCheck
 
@@ -455,11 +467,12 @@ def build_cache(ctx: Any) -> Any:
         if cache.coalescer is not None:
             cache.coalescer.record_held()
     logger.info(
-        "sglang-hybrid cache%s: %s; page size %d, block bundle %d B, state image %d B",
+        "sglang-hybrid cache%s: %s; page size %d, block bundle %d B%s, state image %d B",
         " (disabled by --disable-radix-cache)" if params.disable else "",
         config.describe(),
         params.page_size,
         cache.block_bytes,
+        f" (with {cache.pools.draft_layers} draft KV layers)" if drafts else "",
         cache.image_bytes,
     )
     from .persistence import setup as load_host_tier

@@ -60,7 +60,9 @@ class MambaPoolLike(Protocol):
 
 
 class DevicePools:
-    """SGLang's device pools seen as byte stores: the KV pool and the MambaPool."""
+    """SGLang's device pools seen as byte stores: the KV pool and the MambaPool, and the draft
+    model's KV pools under speculative decoding (same slot ids as the target's: a block's KV is
+    its rows in all of them)."""
 
     def __init__(
         self,
@@ -68,9 +70,12 @@ class DevicePools:
         kv_pool: Any,
         mamba_pool: MambaPoolLike,
         device: torch.device | str,
+        draft_kv_pools: Sequence[Any] = (),
     ) -> None:
         self.kv_pool = kv_pool
         self.mamba_pool = mamba_pool
+        # A draft runner of a hybrid model may build a hybrid pool too: its full_kv_pool holds them
+        self.draft_kv_pools = tuple(getattr(p, "full_kv_pool", p) for p in draft_kv_pools)
         # a torch.device whatever was passed: HostTier's copy queue reads device.type
         self.device = torch.device(device)
         # The CUDA stream the copies are enqueued on (None: the current one). Under overlap
@@ -84,9 +89,15 @@ class DevicePools:
 
     @property
     def kv_buffers(self) -> list[torch.Tensor]:
-        """Every full-attention layer's K and V buffer, ``[slots, heads, head_dim]`` each."""
-        pool = getattr(self.kv_pool, "full_kv_pool", self.kv_pool)
-        return [*pool.k_buffer, *pool.v_buffer]
+        """Every full-attention layer's K buffer, then every V buffer, ``[slots, heads,
+        head_dim]`` each: the target's layers, then the draft pools' (``draft_layers``)."""
+        pools = [getattr(self.kv_pool, "full_kv_pool", self.kv_pool), *self.draft_kv_pools]
+        return [b for p in pools for b in p.k_buffer] + [b for p in pools for b in p.v_buffer]
+
+    @property
+    def draft_layers(self) -> int:
+        """Attention layers of the draft pools: the last ones of ``kv_buffers``' K and V."""
+        return sum(len(p.k_buffer) for p in self.draft_kv_pools)
 
     def copy_kv(self, dst: torch.Tensor, src: torch.Tensor) -> None:
         """K and V of every full-attention layer, token slots ``src`` -> ``dst``.
