@@ -46,6 +46,8 @@ CONFIGS: dict[str, dict[str, Any]] = {
     # SGLang's speculative path (issue #14, cpu/speculative.py): verify rounds of 1..4 tokens.
     "zero_split+host+mtp": dict(host_mib=64, tap_mode="zero-split", mtp=True),
     "hybrid-small+host+mtp": dict(host_mib=32, tap_mode="split", mtp=True, **SMALL),
+    # Both: a verify round launched before the previous round's result is processed.
+    "zero_split+host+mtp+overlap": dict(host_mib=64, tap_mode="zero-split", mtp=True, overlap=True),
 }
 
 
@@ -60,6 +62,7 @@ class Run:
     asked: dict[str, Req] = field(default_factory=dict)
     cache: dict[str, Any] = field(default_factory=dict)  # per program: stats after it ran
     draft_checked: int = 0  # +mtp: reused positions whose draft KV rows were checked
+    overlap: bool = False  # the scheduler ran SGLang's overlap loop
 
 
 def _pressure(chat: Chat, rng: random.Random):
@@ -101,7 +104,7 @@ def run_config(make_scheduler, model_dir: Path, chat: Chat, name: str) -> Run:
     spec = sched.scheduler.model_worker if "speculative_algorithm" in cfg else None
     if spec is not None:
         spec.check_draft = True  # every pass: the reused prefix carries its draft KV rows
-    run = Run(name)
+    run = Run(name, overlap=bool(sched.overlap))
     small = name.startswith("hybrid-small")
     programs = PROGRAMS_SMALL if small else PROGRAMS
     if name == "uncached":

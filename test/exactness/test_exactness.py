@@ -19,6 +19,7 @@ HYBRID = [
     "hybrid+host+overlap",
     "zero_split+overlap",
     "zero_split+host+mtp",
+    "zero_split+host+mtp+overlap",
 ]
 
 
@@ -83,7 +84,7 @@ def test_multi_turn_exact_endpoint_with_a_copied_tail(suite, config: str) -> Non
     first = run.asked["mt-1"]
     end = len(first.ids) + len(run.results["mt-1"].output_ids) - 1
     assert end % 64, "the scenario needs an endpoint inside a block"
-    if config.endswith("+mtp"):
+    if "+mtp" in config:
         # The last verify round accepted one token past the budget: the live state, and so the
         # endpoint, includes the last output token, which mt-2's prompt repeats (one later).
         end += 1
@@ -92,12 +93,15 @@ def test_multi_turn_exact_endpoint_with_a_copied_tail(suite, config: str) -> Non
     same_tokens(suite, config, "mt-")
 
 
-@pytest.mark.parametrize("config", ["zero_split+host+mtp", "hybrid-small+host+mtp"])
+@pytest.mark.parametrize(
+    "config", ["zero_split+host+mtp", "zero_split+host+mtp+overlap", "hybrid-small+host+mtp"]
+)
 def test_speculative_runs_carried_the_draft_kv(suite, config: str) -> None:
     """Every pass of the +mtp runs checked that the reused prefix holds the draft model's KV
     rows of its own positions (``cpu/draft_kv.py``): the cache moved them with every copied
     tail and host restore, on the real tiny model."""
     assert suite[config].draft_checked > 1000
+    assert suite[config].overlap is ("+overlap" in config)
 
 
 @pytest.mark.parametrize("config", HYBRID)
@@ -195,7 +199,7 @@ def test_zero_split_captures_taps_inside_passes(suite, config: str) -> None:
     if config.startswith("zero_split"):
         assert in_pass > 0
         assert sum(len(c) for c in suite[config].captures.values()) > 0
-        if config.endswith("+mtp"):
+        if "+mtp" in config:
             return  # verify rounds make other calls than plain decode: no split twin to count
         # Captured taps cost no model call: fewer calls than the same programs split.
         split = suite[config.replace("zero_split", "hybrid").replace("+overlap", "")]

@@ -64,6 +64,13 @@ class CheckingWorker(TokenWorker):
         self._bind_pools()
         req = chain.req
         known = list(req.origin_input_ids) + list(req.output_ids)
+        # Under overlap scheduling the previous rounds' accepted tokens may not be in
+        # ``output_ids`` yet (their results are processed after this pass was launched); this
+        # worker's tokens are a function of the position, so the missing ones are known.
+        known += [
+            deterministic_token(req.rid, p, self.vocab_size, self.eos_ids)
+            for p in range(len(known), chain.start + 1)
+        ]
         assert known[chain.start] == chain.bonus, f"{req.rid}: bonus is not the last token"
         self._check_prefix(req, chain.slot, chain.start, prefix_hashes(known, chain.start))
         fed: list[int] = []

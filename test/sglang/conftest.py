@@ -43,6 +43,19 @@ class Harness:
         self.s.run_until_idle()
         return self.s.results()[rid]
 
+    def run_to_stop(self, rid: str, ids: list[int], k: int) -> list[int]:
+        """Serve ``ids`` until the checking worker's token at ``len(ids) + k`` (a stop token,
+        not a length limit); returns the output, the stop token last."""
+        from sglang_hybrid.cpu.token_worker import deterministic_token
+
+        worker = self.s.worker
+        stop = deterministic_token(rid, len(ids) + k, worker.vocab_size, worker.eos_ids)
+        self.s.submit(rid, ids, 300, sampling_overrides={"stop_token_ids": [stop]})
+        self.s.run_until_idle()
+        out = list(self.s.results()[rid].output_ids)
+        assert out[-1] == stop and len(out) == k + 1, out
+        return out
+
     def step_all(self) -> None:
         while self.s.has_work():
             self.s.step()

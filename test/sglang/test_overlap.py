@@ -15,7 +15,6 @@ import random
 
 import pytest
 
-from sglang_hybrid.cpu.token_worker import deterministic_token
 from sglang_hybrid.index import SnapshotKind
 
 
@@ -65,13 +64,8 @@ def test_an_endpoint_after_a_stop_token(build, overlap: bool) -> None:
     endpoint then sits one token later than without overlap, and is exact either way."""
     h = build(opts={"tap_mode": "split"}, disable_overlap_schedule=not overlap)
     n, k = 200, 70
-    worker = h.s.worker
-    stop = deterministic_token("a", n + k, worker.vocab_size, worker.eos_ids)
     a = _prompt(4, n)
-    h.s.submit("a", a, 300, sampling_overrides={"stop_token_ids": [stop]})
-    h.s.run_until_idle()
-    out = list(h.s.results()["a"].output_ids)
-    assert out[-1] == stop and len(out) == k + 1, out
+    out = h.run_to_stop("a", a, k)
     end = n + k + (1 if overlap else 0)
     assert end in _frontiers(h, SnapshotKind.ENDPOINT)
     r = h.run(a + out + _prompt(5, 20), max_new=3)  # the next turn resumes there, exactly

@@ -67,12 +67,29 @@ def test_run_chain_accepts_up_to_the_first_wrong_draft() -> None:
         assert [p for _, p in fed] == list(range(start, start + 4))  # every input ran
 
 
-@pytest.mark.parametrize("page", [1, 64])
-@pytest.mark.parametrize("miss_every", [1, 3])
-def test_only_accepted_tokens_reach_the_index(build, page: int, miss_every: int) -> None:
+def _overlapped(h, overlap: bool) -> None:
+    """The scheduler runs SGLang's overlap loop exactly when asked (and the cache knows it)."""
+    assert h.s.overlap is overlap and h.cache.overlap is overlap
+
+
+@pytest.mark.parametrize(
+    ("page", "miss_every", "overlap"),
+    [(1, 1, False), (1, 3, False), (64, 1, False), (64, 3, False), (1, 3, True), (64, 1, True)],
+)
+def test_only_accepted_tokens_reach_the_index(
+    build, page: int, miss_every: int, overlap: bool
+) -> None:
     """Turns of a conversation decode through verify rounds (every draft wrong, or a third of
-    them); the next turn resumes from the endpoint and every pass's prefix checks out."""
-    h = build(page=page, chunk=256, opts={"tap_mode": "split"}, **SPEC)
+    them); the next turn resumes from the endpoint and every pass's prefix checks out. Under
+    overlap scheduling each round is launched before the previous round's result is processed
+    (SGLang's future map carries the bonus token and the lengths between them)."""
+    h = build(
+        page=page,
+        chunk=256,
+        opts={"tap_mode": "split"},
+        disable_overlap_schedule=not overlap,
+        **SPEC,
+    )
     worker = _spec_worker(h)
     worker.drafts = DraftSchedule(miss_every=miss_every)
     seq = _prompt(1, 300)
@@ -88,25 +105,54 @@ def test_only_accepted_tokens_reach_the_index(build, page: int, miss_every: int)
         assert 0 < worker.accepted_drafts < worker.rounds * 3
     assert h.s.worker.checked_states > 0 and h.s.worker.checked_tokens > 0
     assert h.run(seq, max_new=3).cached_tokens > 300  # resumed past the first prompt
+    _overlapped(h, overlap)
 
 
-def test_an_endpoint_where_the_last_round_ends(build) -> None:
+@pytest.mark.parametrize("overlap", [False, True])
+def test_an_endpoint_where_the_last_round_ends(build, overlap: bool) -> None:
     """A round that ends exactly at the budget: its accepted state is the state after the
-    request's committed tokens, published as the endpoint the next turn resumes from."""
-    h = build(chunk=256, opts={"tap_mode": "split"}, **SPEC)
+    request's committed tokens, published as the endpoint the next turn resumes from. A length
+    limit is seen coming, so under overlap scheduling no extra round runs and the endpoint sits
+    where it does without."""
+    h = build(chunk=256, opts={"tap_mode": "split"}, disable_overlap_schedule=not overlap, **SPEC)
     _spec_worker(h).drafts = DraftSchedule(miss_every=1)  # one token per round: no overshoot
     a = _prompt(2, 200)
     out = list(h.run(a, max_new=80).output_ids)  # ends >= a block past the prompt tap
     end = len(a) + len(out) - 1
     assert end in _endpoints(h)
     assert h.run(a + out + _prompt(3, 20), max_new=2).cached_tokens == end
+    _overlapped(h, overlap)
 
 
-def test_an_overshooting_round_publishes_no_endpoint_past_the_stop(build) -> None:
+@pytest.mark.parametrize("overlap", [False, True])
+def test_an_endpoint_after_a_stop_token(build, overlap: bool) -> None:
+    """A stop token (not a length limit) is seen only when the round's result is processed.
+    Without overlap scheduling the endpoint sits at the stop. Under it the next round was
+    launched already and advanced the live state, while SGLang keeps none of its tokens (unlike
+    a plain decode's extra step, ``test_overlap.py``): no endpoint (publishing one at the
+    committed length failed this worker's state check), and the next turn resumes exactly from
+    the deepest snapshot below."""
+    h = build(opts={"tap_mode": "split"}, disable_overlap_schedule=not overlap, **SPEC)
+    _spec_worker(h).drafts = DraftSchedule(miss_every=1)  # one token per round: no overshoot
+    n, k = 200, 70
+    a = _prompt(6, n)
+    out = h.run_to_stop("a", a, k)
+    r = h.run(a + out + _prompt(7, 20), max_new=3)
+    if overlap:  # no state at the stop: the next turn resumes below it, exactly
+        assert not _endpoints(h) & {n + k, n + k + 1}
+        assert 64 * (n // 64) <= r.cached_tokens < n + k  # the prompt's tap on the grid
+    else:
+        assert n + k in _endpoints(h)
+        assert r.cached_tokens == n + k
+    _overlapped(h, overlap)
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_an_overshooting_round_publishes_no_endpoint_past_the_stop(build, overlap: bool) -> None:
     """A verify round that accepts past the budget commits KV and state past the last token
     the client sees; the cache then publishes no endpoint (there is no state at the stop), and
     a next turn still resumes exactly, from the deepest snapshot below."""
-    h = build(chunk=256, opts={"tap_mode": "split"}, **SPEC)
+    h = build(chunk=256, opts={"tap_mode": "split"}, disable_overlap_schedule=not overlap, **SPEC)
     _spec_worker(h).drafts = DraftSchedule(miss_every=0)  # every draft right: runs of 4
     a = _prompt(4, 200)
     req_out = list(h.run(a, max_new=50, rid="over").output_ids)
@@ -115,6 +161,7 @@ def test_an_overshooting_round_publishes_no_endpoint_past_the_stop(build) -> Non
     follow = h.run(a + req_out + _prompt(5, 20), max_new=2)
     assert follow.cached_tokens < len(a) + 49
     assert follow.cached_tokens >= 192  # a snapshot on the prompt's grid still serves
+    _overlapped(h, overlap)
 
 
 # Pools small enough for conversations to evict each other, with a host tier behind them.
@@ -155,11 +202,12 @@ def _draft_scenario(h) -> None:
             convs[i] = c + list(r.output_ids) + _prompt(60 + 6 * rnd + i, 29)
 
 
-def test_the_draft_kv_moves_with_the_targets(build) -> None:
+@pytest.mark.parametrize("overlap", [False, True])
+def test_the_draft_kv_moves_with_the_targets(build, overlap: bool) -> None:
     """The draft model's KV pool (an MTP layer's, over the target's slot ids) is found through
     the draft runners and copied with every tail and host restore: before every pass each
     request's reused prefix holds its own draft rows (``DraftKV.check``)."""
-    h = build(**SMALL_HOST)
+    h = build(**SMALL_HOST, disable_overlap_schedule=not overlap)
     worker = _spec_worker(h)
     worker.check_draft = True
     assert h.cache.pools.draft_kv_pools == (worker.draft_kv.pool,)
@@ -179,6 +227,7 @@ def test_the_draft_kv_moves_with_the_targets(build) -> None:
     assert tails[0] > 0
     assert worker.draft_kv.checked_tokens > 5000
     assert h.s.worker.checked_tokens > 0  # the target's rows checked too (CheckingWorker)
+    _overlapped(h, overlap)
 
 
 def test_without_the_draft_pools_the_draft_check_fails(build, monkeypatch) -> None:

@@ -1,12 +1,20 @@
-"""Registration of ``--speculative-algorithm CPU_MTP`` with SGLang, and the two places its
+"""Registration of ``--speculative-algorithm CPU_MTP`` with SGLang, and the three places its
 speculative path needs a CPU twin (``speculative.py`` holds the worker).
 
 Contract: ``register_algorithm()`` (idempotent; the CPU plugin and ``install_cpu_worker`` call
 it) registers the algorithm through ``SpeculativeAlgorithm.register`` with a ``CustomSpecAlgo``
 subclass (EAGLE's predicates, EAGLE's topk-1 defaults, the two methods 0.5.23's base class lacks)
-and a validator refusing what a chain cannot be, and registers two HookRegistry AROUND hooks that
-leave CUDA tensors to SGLang: the request-to-token write of the speculative allocation (Triton) in
-torch, and no Triton warm-up of the KV pool's slot copy (used only by top-k > 1 compaction).
+and a validator refusing what a chain cannot be, as supporting overlap scheduling (the worker
+follows the V2 schema there too: it publishes each round's lengths through ``on_publish``), and
+registers three HookRegistry AROUND hooks that leave CUDA tensors to SGLang: the request-to-token
+write of the speculative allocation (Triton) in torch, no Triton warm-up of the KV pool's slot
+copy (used only by top-k > 1 compaction), and the overlap loop's gather of the previous round's
+draft input from its future map (Triton) in torch.
+
+SGLang's own argument resolution turns overlap scheduling off for any speculative algorithm on
+``--device cpu`` (EAGLE's kernels have no CPU path), so a CPU server runs CPU_MTP synchronously;
+the in-process scheduler (``loop.py``) sets its arguments directly and runs SGLang's overlap loop
+with it, which is how the tests see speculation under overlap scheduling.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ from sglang_hybrid.cpu.speculative import ALGORITHM, worker_class
 DEFAULT_STEPS = 3
 ALLOCATION_TARGET = "sglang.srt.mem_cache.allocation.assign_req_to_token_pool_func"
 KV_COPY_WARMUP_TARGET = "sglang.srt.mem_cache.memory_pool.MHATokenToKVPool._init_kv_copy_and_warmup"
+GATHER_TARGET = "sglang.srt.managers.overlap_utils.gather_spec_extras"
 
 
 def _spec_class() -> type:
@@ -94,9 +103,10 @@ def register_algorithm() -> None:
         return
     HookRegistry.register(ALLOCATION_TARGET, assign_req_to_token_pool, HookType.AROUND)
     HookRegistry.register(KV_COPY_WARMUP_TARGET, skip_kv_copy_warmup_off_gpu, HookType.AROUND)
+    HookRegistry.register(GATHER_TARGET, gather_spec_extras, HookType.AROUND)
     SpeculativeAlgorithm.register(
         ALGORITHM,
-        supports_overlap=False,
+        supports_overlap=True,
         validate_server_args=validate_server_args,
         spec_class=_spec_class(),
     )(worker_class)
@@ -134,3 +144,20 @@ def skip_kv_copy_warmup_off_gpu(original: Callable[..., None], pool: Any) -> Non
         original(pool)
         return
     pool._kv_copy_config = None
+
+
+def gather_spec_extras(
+    original: Callable[..., Any],
+    indices: torch.Tensor,
+    topk_p_buf: torch.Tensor,
+    topk_index_buf: torch.Tensor,
+    output_tokens_buf: torch.Tensor,
+    hidden_states_buf: torch.Tensor | None,
+) -> Any:
+    """Rows ``indices`` of each future-map buffer (the previous round's draft input, under
+    overlap scheduling): SGLang's fused Triton gather, in torch for CPU tensors."""
+    if indices.is_cuda:
+        return original(indices, topk_p_buf, topk_index_buf, output_tokens_buf, hidden_states_buf)
+    rows = indices.to(torch.int64)
+    hidden = hidden_states_buf[rows] if hidden_states_buf is not None else None
+    return topk_p_buf[rows], topk_index_buf[rows], output_tokens_buf[rows], hidden

@@ -151,7 +151,13 @@ class CpuSpecWorker:
         )
         self.draft_kv = DraftKV(self._target_worker.model_runner)
 
-    def forward_batch_generation(self, batch: Any, pp_proxy_tensors: Any = None) -> Any:
+    def forward_batch_generation(
+        self,
+        batch: Any,
+        pp_proxy_tensors: Any = None,
+        on_publish: Callable[[torch.Tensor], None] | None = None,
+        grammar_barrier: Any = None,
+    ) -> Any:
         from sglang.srt.managers.utils import GenerationBatchResult
         from sglang.srt.speculative.eagle_info import EagleDraftInput
 
@@ -166,6 +172,8 @@ class CpuSpecWorker:
             if mode.is_extend() and self.draft_kv is not None:
                 self.draft_kv.write(batch.out_cache_loc)
             bonus = result.next_token_ids
+            if on_publish is not None:  # overlap scheduling: the round's lengths, as EAGLE's
+                on_publish(batch.seq_lens)
             return GenerationBatchResult(
                 logits_output=None,
                 next_token_ids=bonus,
@@ -198,12 +206,15 @@ class CpuSpecWorker:
         self.rounds += len(runs)
         self.accepted_drafts += int(accept_lens.sum()) - len(runs)
         bonus = torch.tensor([run[-1] for run in runs], dtype=torch.int64)
+        new_seq_lens = batch.seq_lens + accept_lens.to(batch.seq_lens.device)
+        if on_publish is not None:
+            on_publish(new_seq_lens)
         return GenerationBatchResult(
             logits_output=None,
             next_token_ids=predict,
             can_run_cuda_graph=False,
             accept_lens=accept_lens,
-            new_seq_lens=batch.seq_lens + accept_lens.to(batch.seq_lens.device),
+            new_seq_lens=new_seq_lens,
             next_draft_input=_draft_input(EagleDraftInput, bonus),
             speculative_num_draft_tokens=d,
         )

@@ -41,12 +41,11 @@ SCALED_KV_DTYPES = ("nvfp4", "fp4_mx_block16", "mxfp8")
 
 HND_ENV = "SGLANG_USE_HND_KVCACHE"
 # The speculative algorithm the CPU workers register (``cpu/speculative.py``; named here so this
-# layer does not import the workers): accepted as SGLang runs it, synchronously (issue #14).
+# layer does not import the workers): SGLang's speculative path over them (issue #14).
 SPEC_ON_CPU = "CPU_MTP"
 # SGLang's algorithms whose draft is an attention-only model over the target's slot ids (an MTP
-# head or an EAGLE draft): the cache copies the draft's KV pool with the target's (``draft.py``).
-# Accepted with overlap scheduling off, the speculative path the CPU workers test (SGLang runs
-# CPU_MTP synchronously); NEXTN resolves to EAGLE.
+# head or an EAGLE draft): the cache copies the draft's KV pool with the target's (``draft.py``),
+# with or without overlap scheduling (the V2 schema CPU_MTP follows). NEXTN resolves to EAGLE.
 SPEC_WITH_DRAFT_KV = ("EAGLE", "EAGLE3", "NEXTN")
 
 
@@ -154,22 +153,12 @@ def check_server_args(view: Any) -> None:
             f"snapshots; use --mamba-radix-cache-strategy no_buffer (or leave it out)"
         )
     algo = _get(view, "speculative_algorithm")
-    if algo in SPEC_WITH_DRAFT_KV:
-        if not _get(view, "disable_overlap_schedule"):
-            # A result processed one batch late meets a request already verified again: where
-            # the finish's endpoint then sits is untested for speculative rounds (the CPU
-            # workers' speculative path runs synchronously), so it is not offered.
-            raise ConfigError(
-                f"--speculative-algorithm {algo} with overlap scheduling: --radix-cache hybrid "
-                f"serves speculative decoding with overlap scheduling off; add "
-                f"--disable-overlap-schedule"
-            )
-    elif algo not in (None, "", "NONE", SPEC_ON_CPU):
+    if algo not in (None, "", "NONE", SPEC_ON_CPU, *SPEC_WITH_DRAFT_KV):
         raise ConfigError(
             f"--speculative-algorithm {algo}: not supported with --radix-cache hybrid: the cache "
             f"copies a draft model's KV pool with the target's ({', '.join(SPEC_WITH_DRAFT_KV)}"
-            f"), not the state or buffers other speculative workers keep; use one of those (with "
-            f"--disable-overlap-schedule) or drop it"
+            f"), not the state or buffers other speculative workers keep; use one of those or "
+            f"drop it"
         )
     if (_get(view, "pp_size") or 1) > 1:
         raise ConfigError("--pp-size > 1: not supported with --radix-cache hybrid")

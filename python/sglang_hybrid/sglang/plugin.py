@@ -68,6 +68,11 @@ def register() -> None:
         "sglang.srt.managers.scheduler.Scheduler.run_batch", _after_run_batch, after
     )
     HookRegistry.register(
+        "sglang.srt.managers.scheduler.Scheduler.process_batch_result",
+        _before_batch_result,
+        HookType.BEFORE,
+    )
+    HookRegistry.register(
         "sglang.srt.managers.scheduler.Scheduler.flush_cache", _after_flush, after
     )
     # Speculative decoding: the draft model's KV pools, collected for the cache (``draft.py``).
@@ -344,12 +349,25 @@ def _before_next_batch(scheduler: Any, *args: Any, **kwargs: Any) -> None:
 
 def _after_run_batch(result: Any, scheduler: Any, batch: Any, *args: Any, **kwargs: Any) -> None:
     """A pass was launched: under overlap scheduling the cache copies the states at its requests'
-    pass ends now, before the next pass is launched (``Publisher.capture_pass_ends``)."""
+    pass ends now, before the next pass is launched (``Publisher.capture_pass_ends``); a
+    speculative round is counted (``Publisher.count_rounds``)."""
     from .cache import HybridRadixCache
+    from .publish import Publisher
 
     cache = getattr(scheduler, "tree_cache", None)
-    if isinstance(cache, HybridRadixCache) and cache.overlap:
-        cache.capture_pass_ends(batch)
+    if isinstance(cache, HybridRadixCache):
+        Publisher.count_rounds(batch, launched=True)
+        if cache.overlap:
+            cache.capture_pass_ends(batch)
+
+
+def _before_batch_result(scheduler: Any, batch: Any, *args: Any, **kwargs: Any) -> None:
+    """A pass's result is processed: its speculative round is counted as seen."""
+    from .cache import HybridRadixCache
+    from .publish import Publisher
+
+    if isinstance(getattr(scheduler, "tree_cache", None), HybridRadixCache):
+        Publisher.count_rounds(batch, launched=False)
 
 
 def _after_next_batch(plan: Any, scheduler: Any, *args: Any, **kwargs: Any) -> None:

@@ -252,6 +252,21 @@ class Publisher:
             return
         handle.inpass.append(InPassTap(p, slot, kind, demand, tuple(covers or ()), origin))
 
+    @staticmethod
+    def count_rounds(batch: ScheduleBatch | None, *, launched: bool) -> None:
+        """A speculative decode round of ``batch`` was launched / its result is being processed
+        (``ReqState.rounds_launched`` / ``rounds_processed``; see ``_finish``)."""
+        if batch is None or batch.spec_algorithm.is_none() or not batch.forward_mode.is_decode():
+            return
+        for req in batch.reqs:
+            state = getattr(req, ATTR, None)
+            if state is None:
+                continue
+            if launched:
+                state.rounds_launched += 1
+            else:
+                state.rounds_processed += 1
+
     def capture_pass_ends(self, batch: ScheduleBatch | None) -> None:
         """Right after an extend pass was launched (overlap scheduling): copy each request's live
         state into the slot reserved for the tap at its pass's end. The copy is ordered after
@@ -394,11 +409,15 @@ class Publisher:
         gap = 1 if pins_endpoint(req) else BLOCK_TOKENS
         # The live state sits after every committed token; a stop that trims the output leaves
         # it ahead of the KV the request keeps, and then there is no exact endpoint to publish.
+        # So does a speculative round launched before this result was processed (overlap
+        # scheduling, a stop token): SGLang keeps none of its tokens, but it ran.
+        state: ReqState | None = getattr(req, ATTR, None)
         if (
             lane.enabled
             and self.cache.slots_reserved
             and _committed(lane, f)
             and f == live
+            and (state is None or state.rounds_launched == state.rounds_processed)
             and f >= gap
             and f - self._deepest(lane, f) >= gap
         ):

@@ -83,6 +83,10 @@ class ReqState:
     prefetch_room: int | None = None  # spare device room at the last prefetch attempt
     prefetch_copied: int = 0
     waits: bool | None = None  # whether it may wait on another's prefix (``waiting_key``)
+    # Speculative decode rounds of this request launched, and whose results were processed:
+    # under overlap scheduling a round may run before the previous one's result is seen.
+    rounds_launched: int = 0
+    rounds_processed: int = 0
 
     def next_cut(self, after: int) -> int | None:
         """The first exact tap past ``after`` that must end the pass starting there: all of
