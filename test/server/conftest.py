@@ -6,17 +6,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from server_helpers import serve_hybrid
 
-from sglang_hybrid.cpu.server import CpuServer, ServerConfig
+from sglang_hybrid.cpu.server import CpuServer
 
 
 @pytest.fixture(scope="session")
 def hybrid_server(
     tiny_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[CpuServer]:
-    cfg = ServerConfig(
-        tiny_models["qwen3_next"], cache="hybrid", chunked_prefill_size=128, host_cache_mib=64
-    )
-    log = tmp_path_factory.mktemp("server") / "hybrid.log"
-    with CpuServer(cfg, log, on_progress=print) as server:
-        yield server
+    yield from serve_hybrid(tiny_models, tmp_path_factory, "hybrid")

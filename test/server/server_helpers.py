@@ -1,10 +1,15 @@
-"""Request helpers shared by the server tests."""
+"""Request helpers shared by the server tests, and the hybrid server their fixtures start."""
 
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
 
 from sglang_hybrid.cpu.process import ManagedProcess
+from sglang_hybrid.cpu.server import CpuServer, ServerConfig
 
 
 def toks(seed: int, n: int) -> list[int]:
@@ -23,3 +28,19 @@ def generate(
     )
     assert status == 200, out
     return out
+
+
+def serve_hybrid(
+    models: dict[str, Path], tmp: pytest.TempPathFactory, name: str, *extra: str
+) -> Iterator[CpuServer]:
+    """The tiny Qwen3-Next behind ``--radix-cache hybrid`` (chunk 128, 64 MiB host tier), with
+    ``extra`` flags; its log in a temp dir as ``name``.log. For fixtures: ``yield from``."""
+    cfg = ServerConfig(
+        models["qwen3_next"],
+        cache="hybrid",
+        chunked_prefill_size=128,
+        host_cache_mib=64,
+        extra=list(extra),
+    )
+    with CpuServer(cfg, tmp.mktemp("server") / f"{name}.log", on_progress=print) as server:
+        yield server

@@ -9,9 +9,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from server_helpers import generate, toks
+from server_helpers import generate, serve_hybrid, toks
 
-from sglang_hybrid.cpu.server import CpuServer, ServerConfig
+from sglang_hybrid.cpu.server import CpuServer
 
 LINE = re.compile(r"^(?P<name>[\w:]+)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)$")
 
@@ -20,16 +20,7 @@ LINE = re.compile(r"^(?P<name>[\w:]+)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)
 def metrics_server(
     tiny_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[CpuServer]:
-    cfg = ServerConfig(
-        tiny_models["qwen3_next"],
-        cache="hybrid",
-        chunked_prefill_size=128,
-        host_cache_mib=64,
-        extra=["--enable-metrics"],
-    )
-    log = tmp_path_factory.mktemp("server") / "metrics.log"
-    with CpuServer(cfg, log, on_progress=print) as server:
-        yield server
+    yield from serve_hybrid(tiny_models, tmp_path_factory, "metrics", "--enable-metrics")
 
 
 def scrape(server: CpuServer) -> dict[tuple[str, frozenset], float]:

@@ -376,7 +376,7 @@ def test_mtp_is_accepted(qwen3_next_dir: Path, algo: str, overlap: bool) -> None
     """SGLang's MTP / EAGLE algorithms pass the cache's checks, with overlap scheduling or
     without (the draft's KV pool moves with the target's, ``draft.py``; SGLang's speculative
     scheduler path under both is in test_speculative.py). SGLang resolves NEXTN to EAGLE (and,
-    on ``--device cpu`` only, turns overlap off for any speculation). Whether SGLang's EAGLE
+    on ``--device cpu`` only, turns overlap off for it). Whether SGLang's EAGLE
     worker then serves them is a GPU question (``docs/sglang-backend.md``: unverified)."""
     from sglang.srt.arg_groups.overrides import resolution_result
     from sglang.srt.server_args import prepare_server_args

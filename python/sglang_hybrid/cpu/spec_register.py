@@ -11,10 +11,9 @@ write of the speculative allocation (Triton) in torch, no Triton warm-up of the 
 copy (used only by top-k > 1 compaction), and the overlap loop's gather of the previous round's
 draft input from its future map (Triton) in torch.
 
-SGLang's own argument resolution turns overlap scheduling off for any speculative algorithm on
-``--device cpu`` (EAGLE's kernels have no CPU path), so a CPU server runs CPU_MTP synchronously;
-the in-process scheduler (``loop.py``) sets its arguments directly and runs SGLang's overlap loop
-with it, which is how the tests see speculation under overlap scheduling.
+SGLang's argument resolution turns overlap scheduling off on ``--device cpu`` for its own EAGLE
+family only, so a CPU server runs CPU_MTP in SGLang's overlap loop unless
+``--disable-overlap-schedule`` is given.
 """
 
 from __future__ import annotations
