@@ -417,7 +417,7 @@ class Publisher:
             and self.cache.slots_reserved
             and _committed(lane, f)
             and f == live
-            and (state is None or state.rounds_launched == state.rounds_processed)
+            and (state is None or state.rounds_launched <= state.rounds_processed)
             and f >= gap
             and f - self._deepest(lane, f) >= gap
         ):
