@@ -18,10 +18,12 @@ per cache, one after the other in this process, and measures for every scheduler
 
 Both include what the cache calls in SGLang (allocator frees, pool copies): that is cache work.
 The step's own wall time (scheduler + the replay worker) is reported beside it. Prints p50 / p99 /
-mean microseconds per pass and the total, the hybrid / no_buffer ratios, and writes the numbers
-to ``--json``. Timings are wall clock on a shared machine, with one torch thread: run it on an idle
-one and compare the ratios, which are measured side by side in one run. Tensor work (state and
-index copies) runs synchronously here, in both caches; on a GPU it is an asynchronous launch.
+mean microseconds per pass and the total, the hybrid / no_buffer ratios, what a typical pass
+spends per entry point (the passes between the 40th and 60th percentile of cache time), and
+writes the numbers to ``--json``. Timings are wall clock on a shared machine, with one torch
+thread: run it on an idle one and compare the ratios, which are measured side by side in one
+run. Tensor work (state and index copies) runs synchronously here, in both caches; on a GPU it is
+an asynchronous launch.
 
 A speed probe runs before and after each cache's replay (``speed_probe``: fixed Python dictionary
 work like the index's, fixed torch gathers like SGLang's checkpoints). These machines are shared,
@@ -203,6 +205,7 @@ def profile(cache: str, trace: Any, settings: Any, meter: Meter) -> dict[str, An
 
     inside: list[float] = []
     steps: list[float] = []
+    per_pass: list[dict[str, float]] = []  # entry point -> seconds, for each pass
     wrapped: list[str] = []
     original = InProcessScheduler.step
     meter.by_name = {}
@@ -212,12 +215,17 @@ def profile(cache: str, trace: Any, settings: Any, meter: Meter) -> dict[str, An
         if not wrapped:
             wrapped.extend(time_cache_methods(self.tree_cache, meter))
         meter.total = 0.0
+        before = dict(meter.by_name)
         t0 = time.perf_counter()
         try:
             return original(self, idle_check=idle_check)
         finally:
             steps.append(time.perf_counter() - t0)
             inside.append(meter.total)
+            got = before.get
+            per_pass.append(
+                {k: v - got(k, 0.0) for k, v in meter.by_name.items() if v > got(k, 0.0)}
+            )
 
     InProcessScheduler.step = step  # type: ignore[method-assign]  # restored below
     try:
@@ -241,7 +249,21 @@ def profile(cache: str, trace: Any, settings: Any, meter: Meter) -> dict[str, An
         "step_s_total": float(step_us.sum() / 1e6),
         "methods_timed": len(wrapped),
         "top_entry_points_s": dict(sorted(meter.by_name.items(), key=lambda kv: -kv[1])[:12]),
+        "median_passes_us": median_breakdown(inside, per_pass),
     }
+
+
+def median_breakdown(inside: list[float], per_pass: list[dict[str, float]]) -> dict[str, float]:
+    """Microseconds per pass of each entry point, over the passes whose cache time lies between
+    the 40th and 60th percentile: what a typical pass (the p50) spends, not the long tail."""
+    order = sorted(range(len(inside)), key=inside.__getitem__)
+    mid = order[int(0.4 * len(order)) : int(0.6 * len(order))]
+    sums: dict[str, float] = {}
+    for i in mid:
+        for k, v in per_pass[i].items():
+            sums[k] = sums.get(k, 0.0) + v
+    top = sorted(sums.items(), key=lambda kv: -kv[1])[:8]
+    return {k: v / max(1, len(mid)) * 1e6 for k, v in top}
 
 
 def main() -> int:
@@ -283,6 +305,9 @@ def main() -> int:
         )
         for name, sec in r["top_entry_points_s"].items():
             print(f"    {sec:8.3f} s  {name}")
+        print("    a typical pass (40th-60th percentile of cache time), us per pass:")
+        for name, us in r["median_passes_us"].items():
+            print(f"    {us:8.1f}    {name}")
     ratios: dict[str, float] = {}
     by = {r["cache"]: r for r in rows}
     if "hybrid" in by and "no_buffer" in by:

@@ -356,13 +356,16 @@ def _after_run_batch(result: Any, scheduler: Any, batch: Any, *args: Any, **kwar
 
     cache = getattr(scheduler, "tree_cache", None)
     if isinstance(cache, HybridRadixCache):
-        Publisher.count_rounds(batch, launched=True)
+        if batch is not None and not batch.spec_algorithm.is_none():
+            Publisher.count_rounds(batch, launched=True)
         if cache.overlap:
             cache.capture_pass_ends(batch)
 
 
 def _before_batch_result(scheduler: Any, batch: Any, *args: Any, **kwargs: Any) -> None:
     """A pass's result is processed: its speculative round is counted as seen."""
+    if batch is None or batch.spec_algorithm.is_none():
+        return  # every pass calls this: nothing to count without speculation
     from .cache import HybridRadixCache
     from .publish import Publisher
 
