@@ -134,6 +134,102 @@ def test_a_smaller_host_tier_keeps_whole_snapshots_by_density() -> None:
     assert not fits or best in plan.snapshots
 
 
+def _pin(index: PrefixIndex, *, expires: bool) -> tuple[bytes, int]:
+    """Make the least dense pinnable snapshot durable; its (path + tail, hits) key."""
+    from sglang_hybrid.index.durable import set_durable, why_not_pinnable
+
+    s = min(
+        (
+            s
+            for s in index.snapshots.values()
+            if not s.superseded and not why_not_pinnable(index, s)
+        ),
+        key=lambda s: (s.frontier, s.id),
+    )
+    set_durable(index, s, True, expires=expires)
+    path = b"".join(n.tokens for n in index.tree.path(s.anchor)) if s.anchor.depth >= 0 else b""
+    return path + s.tail, s.hits
+
+
+def durable_keys(index: PrefixIndex) -> set[tuple[bytes, int]]:
+    out = set()
+    for s in index.snapshots.values():
+        if s.durable:
+            path = (
+                b"".join(n.tokens for n in index.tree.path(s.anchor))
+                if s.anchor.depth >= 0
+                else b""
+            )
+            out.add((path + s.tail, s.hits))
+    return out
+
+
+def test_a_durable_pin_is_kept_across_the_round_trip() -> None:
+    """A client's pin without a TTL comes back pinned; one with a TTL (released by a timer of
+    the previous server) comes back an ordinary snapshot."""
+    index = populated()
+    kept = _pin(index, expires=False)
+    rec = index.export_host()
+    assert sum(r.durable for r in rec.snapshots) == 1
+    new = fresh_like(index)
+    got = new.adopt_host(rec, new.plan_adopt(rec))
+    new.check_integrity()
+    assert durable_keys(new) == {kept} and got.durable == 1 and got.durable_dropped == 0
+    assert not any(s.durable_expires for s in new.snapshots.values())
+
+    index = populated()
+    _pin(index, expires=True)
+    rec = index.export_host()
+    assert not any(r.durable for r in rec.snapshots)
+    new = fresh_like(index)
+    new.adopt_host(rec, new.plan_adopt(rec))
+    assert durable_keys(new) == set()
+
+
+def test_a_smaller_tier_keeps_the_durable_pin_before_denser_snapshots() -> None:
+    """Pins are the highest retention: a snapshot a small host tier leaves out by density is
+    kept once a client pinned it."""
+    from sglang_hybrid.index.durable import set_durable, why_not_pinnable
+
+    index = populated()
+    image = index.host.image_slabs  # type: ignore[union-attr]  # populated() has a host tier
+    room = image + 12
+    rec = index.export_host()
+    left_out = [
+        i
+        for i, r in enumerate(rec.snapshots)
+        if i not in fresh_like(index, host_slabs=room).plan_adopt(rec).snapshots
+        and image + (1 if r.tail else 0) + len(_path_of(rec, r.anchor)) <= room
+    ]
+    assert left_out, "the scenario must leave a snapshot that fits alone out by density"
+    r = rec.snapshots[left_out[0]]
+    (s,) = [
+        s
+        for s in index.snapshots.values()
+        if (s.frontier, s.tail) == (r.frontier, r.tail) and not s.superseded
+    ]
+    assert why_not_pinnable(index, s) is None
+    set_durable(index, s, True)
+    rec = index.export_host()
+    new = fresh_like(index, host_slabs=room)
+    plan = new.plan_adopt(rec)
+    assert next(i for i, x in enumerate(rec.snapshots) if x.durable) in plan.snapshots
+    got = new.adopt_host(rec, plan)
+    new.check_integrity()
+    assert got.durable == 1 and got.durable_dropped == 0
+    assert [(x.frontier, x.tail) for x in new.snapshots.values() if x.durable] == [
+        (r.frontier, r.tail)
+    ]
+
+
+def _path_of(rec: HostExport, anchor: int) -> list[int]:
+    out, i = [], anchor
+    while i >= 0:
+        out.append(i)
+        i = rec.nodes[i].parent
+    return out
+
+
 def test_a_tier_too_small_for_any_snapshot_plans_nothing() -> None:
     index = populated()
     rec = index.export_host()

@@ -1,8 +1,9 @@
 """``--hybrid-cache-file`` on SGLang's real server (spec §5.5): stop, restart, resume from host.
 
-One module: a server with a host tier and the file serves turn 1 of a conversation and is stopped
-the way an operator stops it (SIGTERM to the process group); a second server on the same file
-answers turn 2 from the restored host tier; a third one, whose model config differs (the same
+One module: a server with a host tier and the file serves turn 1 of a conversation, pins two
+durable checkpoints (one with a TTL) and is stopped the way an operator stops it (SIGTERM to the
+process group); a second server on the same file answers turn 2 from the restored host tier and
+holds the pin without a TTL again; a third one, whose model config differs (the same
 weights in another directory with one more config key), must load nothing, say why, and serve
 turn 2 uncached, the reference for the second server's output.
 """
@@ -27,6 +28,7 @@ class Runs(NamedTuple):
     logs: dict[str, str]
     turn2: dict[str, dict]  # server name -> /generate answer
     saved_after_first: bool
+    pins: dict[str, bool | None]  # "kept" / "timed" -> durable after the restart (None: gone)
 
 
 @pytest.fixture(scope="module")
@@ -52,19 +54,33 @@ def runs(tiny_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory)
     turn1 = toks(11, 300)
     logs: dict[str, str] = {}
     turn2: dict[str, dict] = {}
+    pinned = {"kept": toks(13, 200), "timed": toks(14, 150)}
     first = CpuServer(config(model), root / "first.log", on_progress=print)
     with first:
         out1 = generate(first, turn1)
         assert out1["meta_info"]["cached_tokens"] == 0
+        for name, ids in pinned.items():
+            body = {"input_ids": ids, "durable": True}
+            if name == "timed":
+                body["ttl_s"] = 600
+            status, got = first.post_json("/hybrid/checkpoint", body)
+            assert status == 200 and got["checkpoint"]["durable"], got
     logs["first"] = first.log_path.read_text(errors="replace")
     saved = cache_file.exists()
     ids2 = turn1 + out1["output_ids"] + toks(12, 70)
+    pins: dict[str, bool | None] = {}
     for name, path in (("restored", model), ("mismatched", other)):
         server = CpuServer(config(path), root / f"{name}.log", on_progress=print)
         with server:
+            if name == "restored":
+                for pin, ids in pinned.items():
+                    status, got = server.post_json("/hybrid/boundaries", {"input_ids": ids})
+                    assert status == 200, got
+                    at = [c for c in got["checkpoints"] if c["position"] == len(ids)]
+                    pins[pin] = at[0]["durable"] if at else None
             turn2[name] = generate(server, ids2)
         logs[name] = server.log_path.read_text(errors="replace")
-    yield Runs(cache_file, logs, turn2, saved)
+    yield Runs(cache_file, logs, turn2, saved, pins)
 
 
 def test_an_orderly_stop_saves_the_host_tier(runs: Runs) -> None:
@@ -83,6 +99,13 @@ def test_a_restart_resumes_the_conversation_from_the_host(runs: Runs) -> None:
     assert meta["cached_tokens"] >= 256, meta
     details = meta.get("cached_tokens_details") or {}
     assert details.get("host", 0) > 0 or details.get("hybrid_restored_bytes", 0) > 0, meta
+
+
+def test_a_durable_pin_without_a_ttl_is_kept_across_the_restart(runs: Runs) -> None:
+    """The pin a client left without a TTL is held again; the one with a TTL (a timer of the
+    stopped server) comes back as an ordinary checkpoint."""
+    assert runs.pins == {"kept": True, "timed": False}, runs.pins
+    assert "(1 durable)" in runs.logs["restored"]
 
 
 def test_the_restored_output_equals_the_uncached_one(runs: Runs) -> None:

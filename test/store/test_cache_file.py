@@ -17,6 +17,7 @@ import pytest
 from sglang_hybrid.index.keys import BLOCK_BYTES
 from sglang_hybrid.index.persist import HostExport, NodeRecord, SnapshotRecord
 from sglang_hybrid.store.cache_file import (
+    FORMAT_VERSION,
     PREFIX,
     SUM,
     CacheFileError,
@@ -48,7 +49,17 @@ def records(seed: int = 0) -> tuple[HostExport, dict[int, bytes]]:
     snaps = [
         SnapshotRecord(1, 128, b"", 0, 3, (next(pool), next(pool)), -1, 1.5, 2000.0, 0.7),
         SnapshotRecord(
-            2, 130, rng.randbytes(8), 1, 0, (next(pool), next(pool)), next(pool), 0.1, 9.0, 0.2
+            2,
+            130,
+            rng.randbytes(8),
+            1,
+            0,
+            (next(pool), next(pool)),
+            next(pool),
+            0.1,
+            9.0,
+            0.2,
+            durable=True,  # a client's pin (``index/durable.py``)
         ),
     ]
     slabs = (
@@ -90,7 +101,7 @@ def test_round_trip(tmp_path: Path) -> None:
             b.kind,
             b.hits,
         )
-        assert (a.cost, a.size, a.h) == (b.cost, b.size, b.h)
+        assert (a.cost, a.size, a.h, a.durable) == (b.cost, b.size, b.h, b.durable)
     # file slab numbers: blocks, then images and the tail; their bytes are the pool's
     pairs = [(n.slab, o.slab) for n, o in zip(got.nodes, rec.nodes, strict=True)]
     for a, b in zip(got.snapshots, rec.snapshots, strict=True):
@@ -267,6 +278,7 @@ def test_inspect_prints_what_the_file_holds(tmp_path: Path, capsys) -> None:
     save(path)
     assert inspect(path) == 0
     out = capsys.readouterr().out
-    assert "format 1" in out and "model_path" in out and "checksum ok" in out
+    assert f"format {FORMAT_VERSION}" in out and "model_path" in out and "checksum ok" in out
+    assert "snapshots   2 (1 durable)" in out
     assert "blocks      3" in out and "snapshots   2" in out
     assert "tap" in out and "endpoint" in out

@@ -6,7 +6,9 @@ Only a snapshot whose image, tail and whole path are resident on the host can be
 eviction then only ever drops its device copies (a host-backed block or image is dropped, never
 deleted), and the dead-KV sweep never reaches its path (the snapshot keeps it live). Pinned bytes
 are bounded by ``MAX_SHARE`` of the host tier, so pins can never leave the cache without room.
-The flag is not kept across a restart (``--hybrid-cache-file`` reloads the snapshot unpinned).
+A pin without a TTL is kept across a restart (``--hybrid-cache-file``: ``persist.py`` saves the
+flag and pins the snapshot again once adopted); a pin with a TTL is reloaded unpinned, since its
+release was a timer of the previous server's HTTP process.
 """
 
 from __future__ import annotations
@@ -49,8 +51,10 @@ def why_not_pinnable(index: PrefixIndex, s: Snapshot) -> str | None:
     return None
 
 
-def set_durable(index: PrefixIndex, s: Snapshot, durable: bool) -> None:
-    """Pin (``why_not_pinnable`` must have said None) or release ``s``."""
+def set_durable(index: PrefixIndex, s: Snapshot, durable: bool, *, expires: bool = False) -> None:
+    """Pin (``why_not_pinnable`` must have said None) or release ``s``; ``expires``: the pin has
+    a TTL (released by a timer, so not kept across a restart)."""
     if durable and (why := why_not_pinnable(index, s)) is not None:
         raise ValueError(f"{s} cannot be made durable: {why}")
     s.durable = durable
+    s.durable_expires = durable and expires

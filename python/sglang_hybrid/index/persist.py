@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
+from .durable import set_durable, why_not_pinnable
 from .keys import BLOCK_BYTES, BLOCK_TOKENS, TOKEN_BYTES
 from .node import BlockNode, FastResidency
 from .snapshot import Snapshot, SnapshotKind
@@ -57,6 +58,7 @@ class SnapshotRecord:
     cost: float = 0.0
     size: float = 0.0
     h: float = 0.0
+    durable: bool = False  # a client's pin without a TTL (``durable.py``): pinned again
 
 
 class HostExport(NamedTuple):
@@ -74,6 +76,8 @@ class Adopted(NamedTuple):
     nodes: int
     snapshots: int
     copies: list[tuple[int, int]]  # (record slab, new pool slab), nodes first
+    durable: int = 0  # snapshots pinned again
+    durable_dropped: int = 0  # saved pins not kept: the plan left them out, or over the share
 
 
 # ================================================================ export
@@ -123,6 +127,7 @@ def export_host(index: PrefixIndex) -> HostExport:
             cost=s.cost,
             size=s.size,
             h=s.h,
+            durable=s.durable and not s.durable_expires,
         )
         for s in snaps
     ]
@@ -140,7 +145,8 @@ def _path(records: HostExport, anchor: int) -> list[int]:
 
 
 def plan_adopt(index: PrefixIndex, records: HostExport, free_slabs: int) -> AdoptPlan:
-    """Whole snapshots by density, each with its path, while they fit in ``free_slabs``."""
+    """Whole snapshots by density, each with its path, while they fit in ``free_slabs``; a
+    client's durable pins first (they are the highest retention there is, ``durable.py``)."""
     assert index.host is not None
     image = index.host.image_slabs
     slab_bytes = index.slab_bytes
@@ -152,7 +158,10 @@ def plan_adopt(index: PrefixIndex, records: HostExport, free_slabs: int) -> Adop
         nbytes = index.image_bytes + (slab_bytes if r.tail else 0) + len(paths[i]) * slab_bytes
         return (1 + r.hits) * cost.prefill_seconds(0, r.frontier) / nbytes
 
-    order = sorted(range(len(records.snapshots)), key=lambda i: (-density(i), i))
+    order = sorted(
+        range(len(records.snapshots)),
+        key=lambda i: (not records.snapshots[i].durable, -density(i), i),
+    )
     taken_nodes: set[int] = set()
     kept: list[int] = []
     used = 0
@@ -227,4 +236,10 @@ def adopt_host(index: PrefixIndex, records: HostExport, plan: AdoptPlan) -> Adop
     # None of the blocks is dead now: every kept block is on a kept snapshot's path.
     for s in snaps:  # values once, in the final tree
         index.valuer.revalue(s)
-    return Adopted(len(made), len(snaps), copies)
+    pinned = 0
+    for i, s in zip(plan.snapshots, snaps, strict=True):
+        if records.snapshots[i].durable and why_not_pinnable(index, s) is None:
+            set_durable(index, s, True)
+            pinned += 1
+    saved = sum(1 for r in records.snapshots if r.durable)
+    return Adopted(len(made), len(snaps), copies, pinned, saved - pinned)

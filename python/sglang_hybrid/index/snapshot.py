@@ -55,6 +55,9 @@ class Snapshot:
     restore_pins: int = 0
     # Pinned by a client: exempt from host eviction; only changed by ``durable.set_durable``.
     durable: bool = False
+    # The pin has a TTL (a timer of the server's HTTP process releases it): not kept across a
+    # restart. Only changed by ``durable.set_durable``.
+    durable_expires: bool = False
     # Supersession (§9.3); only changed by ``PrefixIndex`` (supersede, and a hit retaining again).
     superseded: bool = False
     superseded_tick: int = 0

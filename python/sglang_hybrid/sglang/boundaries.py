@@ -104,7 +104,7 @@ def pin(cache: Any, body: dict[str, Any], *, durable: bool) -> dict[str, Any]:
     s = at[-1].snapshot
     if durable and (why := why_not_pinnable(cache.index, s)) is not None:
         raise QueryError(f"not made durable: {why}")
-    set_durable(cache.index, s, durable)
+    set_durable(cache.index, s, durable, expires=bool(body.get("expires")))
     return _point(at[-1])
 
 

@@ -107,7 +107,8 @@ async def checkpoint_route(request: Request) -> Any:
                 )
         point = have[0]
         if durable:
-            point = await _make_durable(tm, query)
+            # A pin with a TTL is released by this process's timer: not kept across a restart.
+            point = await _make_durable(tm, {**query, "expires": ttl is not None})
             if ttl is not None:
                 _release_later(tm, query, float(ttl))
         return {

@@ -79,6 +79,7 @@ class LoadReport(NamedTuple):
     snapshots: int = 0
     nodes: int = 0
     nbytes: int = 0
+    durable: int = 0  # clients' durable pins (without a TTL) pinned again
 
 
 # ================================================================ configuration
@@ -217,9 +218,11 @@ class Persistence:
         dt = time.monotonic() - t0
         if report.loaded and not report.reason:
             logger.info(
-                "host tier restored from %s: %d snapshots, %d blocks, %.1f MiB in %.2f s",
+                "host tier restored from %s: %d snapshots (%d durable), %d blocks, %.1f MiB in "
+                "%.2f s",
                 self.path,
                 report.snapshots,
+                report.durable,
                 report.nodes,
                 report.nbytes / MiB,
                 dt,
@@ -270,6 +273,13 @@ class Persistence:
             return LoadReport(False, reason)
         total = len(cf.records.snapshots)
         reason = ""
+        if adopted.durable_dropped:
+            logger.warning(
+                "%d durable checkpoints of %s were not pinned again (the host tier is smaller "
+                "than the file's, or they exceed the share pins may hold)",
+                adopted.durable_dropped,
+                self.path,
+            )
         if adopted.snapshots < total:
             need = cf.header["slabs"] * cf.geometry.slab_bytes
             reason = (
@@ -280,7 +290,7 @@ class Persistence:
             if adopted.snapshots == 0:
                 cache.empty_index()
                 return LoadReport(False, reason)
-        return LoadReport(True, reason, adopted.snapshots, adopted.nodes, nbytes)
+        return LoadReport(True, reason, adopted.snapshots, adopted.nodes, nbytes, adopted.durable)
 
     def _agree(self, cache: Any, report: LoadReport) -> LoadReport:
         """TP ranks must hold the same entries (their decisions must match): all or none."""

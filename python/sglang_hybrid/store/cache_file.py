@@ -37,11 +37,13 @@ from ..index.keys import BLOCK_BYTES
 from ..index.persist import HostExport, NodeRecord, SnapshotRecord
 
 MAGIC = b"SGLHYBC\0"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: a snapshot's flags byte (bit 0: a client's durable pin)
 PREFIX = struct.Struct("<8sII")  # magic, format, header length
 SUM = struct.Struct("<Q")
 NODE = struct.Struct("<qQQ")  # parent, lookup hash, extra (then BLOCK_BYTES of tokens)
-SNAP = struct.Struct("<qqBIqqqddd")  # anchor, F, kind, tail bytes, hits, first, tail slab, C Z H
+# anchor, F, kind, flags, tail bytes, hits, first, tail slab, C Z H
+SNAP = struct.Struct("<qqBBIqqqddd")
+DURABLE = 1  # SNAP flags: the snapshot was a client's durable pin (``index/durable.py``)
 WRITE_CHUNK_SLABS = 64
 
 
@@ -135,8 +137,9 @@ def _decode_nodes(data: bytes, count: int, first_slab: int) -> list[NodeRecord]:
 def _encode_snapshots(snaps: list[SnapshotRecord], first: list[int], tails: list[int]) -> bytes:
     out = bytearray()
     for r, f, t in zip(snaps, first, tails, strict=True):
+        flags = DURABLE if r.durable else 0
         out += SNAP.pack(
-            r.anchor, r.frontier, r.kind, len(r.tail), r.hits, f, t, r.cost, r.size, r.h
+            r.anchor, r.frontier, r.kind, flags, len(r.tail), r.hits, f, t, r.cost, r.size, r.h
         )
         out += r.tail
     return bytes(out)
@@ -149,7 +152,7 @@ def _decode_snapshots(
     for i in range(count):
         if off + SNAP.size > len(data):
             raise CacheFileError(f"snapshot table ends inside snapshot {i}")
-        anchor, f, kind, tail_len, hits, first, tail, c, z, h = SNAP.unpack_from(data, off)
+        anchor, f, kind, flags, tail_len, hits, first, tail, c, z, h = SNAP.unpack_from(data, off)
         off += SNAP.size
         tail_bytes = data[off : off + tail_len]
         off += tail_len
@@ -158,7 +161,8 @@ def _decode_snapshots(
         if first < 0 or first + image_slabs > n_slabs or tail >= n_slabs:
             raise CacheFileError(f"snapshot {i}: slabs outside the file")
         slabs = tuple(range(first, first + image_slabs))
-        out.append(SnapshotRecord(anchor, f, tail_bytes, kind, hits, slabs, tail, c, z, h))
+        durable = bool(flags & DURABLE)
+        out.append(SnapshotRecord(anchor, f, tail_bytes, kind, hits, slabs, tail, c, z, h, durable))
     if off != len(data):
         raise CacheFileError(f"snapshot table has {len(data) - off} bytes after its records")
     return out

@@ -68,7 +68,8 @@ def inspect(path: Path, out: TextIO | None = None) -> int:
             kind = f"kind {r.kind}"
         by_kind[kind] += 1
         bytes_by_kind[kind] += (len(r.image_slabs) + (r.tail_slab >= 0)) * g.slab_bytes
-    say(f"snapshots   {len(rec.snapshots)}")
+    pinned = sum(1 for r in rec.snapshots if r.durable)
+    say(f"snapshots   {len(rec.snapshots)}" + (f" ({pinned} durable)" if pinned else ""))
     for kind in sorted(by_kind):
         say(f"  {kind:10} {by_kind[kind]:>6}  {bytes_by_kind[kind] / MiB:10.1f} MiB")
     if rec.snapshots:
