@@ -356,8 +356,7 @@ def _after_run_batch(result: Any, scheduler: Any, batch: Any, *args: Any, **kwar
 
     cache = getattr(scheduler, "tree_cache", None)
     if isinstance(cache, HybridRadixCache):
-        if batch is not None and not batch.spec_algorithm.is_none():
-            Publisher.count_rounds(batch, launched=True)
+        Publisher.count_rounds(batch, launched=True)
         if cache.overlap:
             cache.capture_pass_ends(batch)
 

@@ -157,7 +157,7 @@ class Publisher:
         if handle.inpass:
             self._settle_inpass(req, handle, state, lane, key, row, up_to)
         if finished:
-            protected = self._finish(req, lane, key, row, up_to, protected)
+            protected = self._finish(req, state, lane, key, row, up_to, protected)
         else:
             self._publish_taps(req, state, lane, key, row, up_to)
         req.kv.cache_protected_len = max(req.kv.cache_protected_len, protected)
@@ -398,7 +398,14 @@ class Publisher:
         return dst
 
     def _finish(
-        self, req: Req, lane: Lane, key: PromptKey, row: torch.Tensor, up_to: int, protected: int
+        self,
+        req: Req,
+        state: ReqState,
+        lane: Lane,
+        key: PromptKey,
+        row: torch.Tensor,
+        up_to: int,
+        protected: int,
     ) -> int:
         """Terminal settlement (§7.7): the endpoint takes the state slot and the partial page."""
         f = up_to
@@ -411,13 +418,12 @@ class Publisher:
         # it ahead of the KV the request keeps, and then there is no exact endpoint to publish.
         # So does a speculative round launched before this result was processed (overlap
         # scheduling, a stop token): SGLang keeps none of its tokens, but it ran.
-        state: ReqState | None = getattr(req, ATTR, None)
         if (
             lane.enabled
             and self.cache.slots_reserved
             and _committed(lane, f)
             and f == live
-            and (state is None or state.rounds_launched <= state.rounds_processed)
+            and state.rounds_launched <= state.rounds_processed
             and f >= gap
             and f - self._deepest(lane, f) >= gap
         ):
