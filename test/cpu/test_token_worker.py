@@ -187,3 +187,25 @@ def test_a_taken_process_group_port_is_drawn_again(make_scheduler, qwen35_dir: P
     sched.run_until_idle()
     sched.on_idle()
     assert sched.results()["after"].finish_type == "length"
+
+
+def test_a_scheduler_left_mid_batch_never_signals_the_callers_parent(
+    make_scheduler, qwen35_dir: Path
+):
+    """SGLang's hard watchdog sends SIGQUIT to the parent process once a batch stays current for
+    its timeout (300 s by default). In process that parent is pytest's controller: a test that
+    stopped mid-batch killed the whole CI run five minutes later. The in-process default never
+    fires, and closing disarms the watchdogs (so a closed Scheduler can also be freed)."""
+    sched = make_scheduler(qwen35_dir, worker="tokens")
+    sched.submit("a", list(range(16, 300)), 4)
+    assert sched.step() is not None  # a chunk ran; the test stops here, mid-request
+    dog = sched.scheduler.watchdog
+    assert dog.is_active()  # SGLang's rule: a current batch is watched
+    assert dog.watchdog_timeout >= 86400 * 30
+    sched.close()
+    assert not dog.is_active() and dog.dump_info is None
+
+
+def test_an_explicit_watchdog_timeout_is_kept(make_scheduler, qwen35_dir: Path):
+    sched = make_scheduler(qwen35_dir, worker="tokens", watchdog_timeout=1234.0)
+    assert sched.scheduler.watchdog.watchdog_timeout == 1234.0

@@ -26,8 +26,9 @@ Contract:
   ids, finish reason). With ``record_logits`` the model worker keeps every request's logits by
   position (``first_token_logits`` reads the one that sampled the first output token).
 - ``close`` (or leaving a ``with`` block) releases the Scheduler's sockets and SGLang's process
-  groups; SGLang builds those once per process, so a second ``InProcessScheduler`` in the same
-  process needs the first one closed.
+  groups and disarms its watchdogs; SGLang builds those groups once per process, so a second
+  ``InProcessScheduler`` in the same process needs the first one closed. SGLang's hard watchdog
+  signals the parent process, never right in process: its default timeout here is a year.
 - With ``disable_overlap_schedule=False`` each ``step`` is one iteration of
   ``event_loop_overlap`` instead (the next batch is scheduled and run before the previous batch's
   results are processed; on the CPU a launch runs to completion). ``processed`` is the batch
@@ -63,6 +64,30 @@ def _destroy_parallel_runtime() -> None:
 
 _PORT_ATTEMPTS = 4
 
+# SGLang's scheduler watchdog sends SIGQUIT to its *parent* process when a batch stays current
+# for ``watchdog_timeout`` seconds: in a scheduler process that is the server's launcher, but in
+# process it is the caller's parent (pytest's controller, make, a shell). A test that stops
+# mid-batch or fails inside a pass leaves a batch current, and 300 s later the whole test run
+# died of SIGQUIT. In process the caller owns the loop, so the default is a watchdog that never
+# fires (an explicit ``watchdog_timeout`` override still wins), and ``close`` disarms it.
+_IN_PROCESS_WATCHDOG_S = 365 * 86400.0
+
+
+def _disarm_watchdogs(scheduler: object) -> None:
+    """Stop a closed Scheduler's watchdogs from watching it, and let it (and its pools) be freed.
+
+    SGLang's watchdog threads never stop and their callbacks close over the Scheduler: left
+    alone they keep every Scheduler built in a process alive (a replay sweep grew by the pools'
+    size per replay) and may fire on a batch left current. The callbacks are replaced by inert
+    ones; the daemon threads keep sleeping.
+    """
+    for name in ("watchdog", "soft_watchdog"):
+        dog = getattr(scheduler, name, None)
+        if dog is not None and hasattr(dog, "is_active"):
+            dog.is_active = lambda: False
+            dog.get_counter = lambda: 0
+            dog.dump_info = None
+
 
 def _port_taken(exc: BaseException) -> bool:
     """True when building the Scheduler failed only because its drawn port was in use."""
@@ -88,7 +113,10 @@ class InProcessScheduler:
 
         if record_logits and worker != "model":
             raise ValueError("record_logits needs worker='model' (the token worker has no logits)")
-        kwargs = cpu_server_args(model_path=str(model_path), **server_args_overrides)
+        kwargs = cpu_server_args(
+            model_path=str(model_path),
+            **{"watchdog_timeout": _IN_PROCESS_WATCHDOG_S, **server_args_overrides},
+        )
         # The model worker's conv state follows its compute dtype (float32 on the CPU).
         dtype = str(kwargs["dtype"])
         install_cpu_worker(
@@ -181,6 +209,7 @@ class InProcessScheduler:
             close = getattr(sock, "close", None)
             if close is not None:
                 close(linger=0)
+        _disarm_watchdogs(self.scheduler)
         _destroy_parallel_runtime()
 
     def __enter__(self) -> InProcessScheduler:

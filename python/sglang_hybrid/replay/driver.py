@@ -162,24 +162,8 @@ def replay(
             return _Run(trace, cache, plan, clock, sched, settings, warmup).run()
         finally:
             sched.close()
-            _release_watchdogs(sched.scheduler)
             del sched
             gc.collect()  # the pools are large; free them before the next replay builds its own
-
-
-def _release_watchdogs(scheduler: object) -> None:
-    """Let a closed Scheduler (and its pools) be freed.
-
-    SGLang's watchdog threads never stop and their callbacks close over the Scheduler, so every
-    Scheduler built in a process stays alive with its pools (a sweep grew by the pools' size per
-    replay). The callbacks are replaced by inert ones; the daemon threads keep sleeping.
-    """
-    for name in ("watchdog", "soft_watchdog"):
-        dog = getattr(scheduler, name, None)
-        if dog is not None and hasattr(dog, "is_active"):
-            dog.is_active = lambda: False
-            dog.get_counter = lambda: 0
-            dog.dump_info = None
 
 
 class _Run:
