@@ -44,12 +44,13 @@ MC_X4 = [*MC, "--time-scale=4"]
 NEXT_H200 = ["--geometry=qwen3-next-80b", "--device=h200"]
 AGENT = ["--trace=agent", "--sessions=24", "--geometry=qwen3.5-27b", "--device=h200"]
 LADDER = ["--tap-ladder=4096", "--tap-min-gap=1024", "--taps-per-request=4"]
-BEFORE_COALESCING = ["--no-coalesce"]  # recorded before coalescing existed (docs/benchmarks.md)
+# The ladder explorations were recorded before coalescing existed (docs/benchmarks.md, History).
+BEFORE_COALESCING = ["--no-coalesce"]
 
 RUNS: dict[str, list[str]] = {
     # The whole synthetic Mooncake trace at its own arrival times, one H200 serving an
     # 80B-A3B-class hybrid: the trace's load saturates it (queues of minutes).
-    "mooncake": [*MC, *NEXT_H200, "--budget-gib", "32", f"--caches={ALL}", *BEFORE_COALESCING],
+    "mooncake": [*MC, *NEXT_H200, "--budget-gib", "32", f"--caches={ALL}"],
     # The same trace with arrivals stretched 4x (a quarter of the load), over budgets.
     "mooncake-x4": [
         *MC_X4,
@@ -59,7 +60,6 @@ RUNS: dict[str, list[str]] = {
         "32",
         "64",
         f"--caches={ALL}",
-        *BEFORE_COALESCING,
     ],
     # Host tier on: hybrid gets 32 GiB device + 96 GiB host, SGLang's caches 128 GiB device.
     "mooncake-host": [
@@ -69,17 +69,25 @@ RUNS: dict[str, list[str]] = {
         "32",
         "--host-gib=96",
         f"--caches={ALL}",
-        *BEFORE_COALESCING,
     ],
-    # "mooncake" for hybrid with in-flight coalescing (the default).
-    "mooncake-coalesce": [*MC, *NEXT_H200, "--budget-gib", "32", "--caches=hybrid"],
-    # The 32 GiB point of "mooncake-x4" for hybrid with in-flight coalescing (the default).
-    "mooncake-x4-coalesce": [*MC_X4, *NEXT_H200, "--budget-gib", "32", "--caches=hybrid"],
     # Host tier on: hybrid gets 16 GiB device + 48 GiB host, SGLang's caches 64 GiB device.
     "agent-host": [*AGENT, "--budget-gib", "16", "--host-gib=48", f"--caches={ALL}"],
     # The generated agent workload on a 27B-class hybrid, over budgets up to one that holds
     # its working set.
     "agent": [*AGENT, "--budget-gib", "16", "32", "64", "128", f"--caches={ALL}"],
+    # The same workload as hint-less token-id traffic (no template hints reach the cache): what
+    # a /generate client or a router sends. SGLang's caches read no hints; they run again so
+    # every row of the report is side by side.
+    "agent-hintless": [
+        *AGENT,
+        "--budget-gib",
+        "16",
+        "32",
+        "64",
+        "128",
+        f"--caches={ALL}",
+        "--drop-hints",
+    ],
     # bench_serving's generated-shared-prefix shape at its defaults (64 groups x 16 prompts,
     # 2048-token system prompts, all arriving at once): SGLang issue 28222's case.
     "shared-prefix": [
@@ -90,22 +98,6 @@ RUNS: dict[str, list[str]] = {
         "32",
         f"--caches={ALL}",
     ],
-    # Issue #15, follow-up taps (the defaults since): hybrid alone on the runs above; SGLang's
-    # caches do not change, so their rows stay those of "mooncake-x4", "mooncake-host" and
-    # "agent". One budget per name, so the points can run side by side.
-    **{
-        f"mooncake-x4-followup-{b}": [*MC_X4, *NEXT_H200, "--budget-gib", b, "--caches=hybrid"]
-        for b in ("16", "32", "64")
-    },
-    "mooncake-host-followup": [
-        *MC_X4,
-        *NEXT_H200,
-        "--budget-gib",
-        "32",
-        "--host-gib=96",
-        "--caches=hybrid",
-    ],
-    "agent-followup": [*AGENT, "--budget-gib", "16", "32", "64", "128", "--caches=hybrid"],
     # Exploration, not a default: the hybrid backend with a denser tap ladder and four taps per
     # prompt on the stretched Mooncake trace (its taps are the knob that decides hint-less
     # traffic); "agent-ladder" checks the same options on the agent workload.
