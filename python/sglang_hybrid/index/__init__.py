@@ -5,7 +5,8 @@ Pure Python (no torch, no sglang). One concept per module, named as in the spec:
 ``match`` (§6.1), ``admission`` (§6.2-6.3), ``taps`` (§7.1), ``device_lru`` (§9.1),
 ``device_slots`` (§9.2), ``valuation`` / ``host_eviction`` / ``supersession`` / ``links`` (§9.3),
 ``path_counts`` (§5.2), ``invariants`` (§10), ``cost`` / ``presets`` (§6.2, §11.4), ``config``
-(§14.2) and the facade ``prefix_index`` with its parts ``residency`` and ``transfers``.
+(§14.2) and the facade ``prefix_index`` with its parts ``residency`` and ``transfers`` and its
+function modules ``publication`` (§7.4, §9.2-9.3), ``eviction`` (§9.1, §9.4), ``persist``.
 """
 
 from .admission import Candidate, Quote, Readiness, quote

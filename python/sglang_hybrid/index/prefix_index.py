@@ -19,8 +19,9 @@ Its parts are composed objects, each the only writer of what it owns: ``residenc
 handles), ``transfers`` (:class:`~.transfers.HostTransfers`: the host copies' protocol, Filling
 states, restore pins), ``tree``, ``slots``, ``host`` and ``valuer``. ``path_counts`` and ``links``
 keep the snapshots' path counters and links, ``supersession`` answers what a new snapshot
-supersedes. Lanes, snapshots, supersession, L and the clocks only this class changes. Upper
-layers change the index only through its public methods and parts.
+supersedes. Lanes, snapshots, supersession, L and the clocks only this class changes (with the
+functions it delegates to: ``publication``, ``eviction``, ``persist``). Upper layers change
+the index only through its public methods and parts.
 
 Every mutation keeps the invariants of §10; :func:`~.invariants.check_integrity` verifies them.
 All bookkeeping is O(1) or O(path); host victim selection is O(snapshots) (§9.3).
@@ -33,12 +34,12 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from . import eviction, links, persist
+from . import eviction, persist, publication
 from . import valuation as val
 from .config import CacheConfig
 from .cost import CostModel
 from .device_lru import DeviceLRU
-from .device_slots import STAGING, DeviceSnapshotSlots, SlotSource
+from .device_slots import DeviceSnapshotSlots
 from .followups import WINDOW_TOKENS, FollowUpOffsets
 from .gdsf_queue import GdsfQueue
 from .host_slabs import HostSlabPool
@@ -46,11 +47,10 @@ from .keys import BLOCK_BYTES, BLOCK_TOKENS, PromptKey
 from .lane import Lane
 from .match import Match, match_prompt
 from .node import BlockNode, FastResidency
-from .path_counts import add_live, add_retained, remove_retained
+from .path_counts import add_retained
 from .persist import Adopted, AdoptPlan, HostExport
 from .residency import ResidencyTracker
 from .snapshot import Snapshot, SnapshotKind
-from .supersession import lineage, may_supersede
 from .taps import Tap, TapHint, TapPlanner
 from .transfers import HostTransfers
 from .tree import BlockTree
@@ -333,51 +333,9 @@ class PrefixIndex:
     def reserve_slot(
         self, lane: Lane, frontier: int, kind: SnapshotKind, demand: int = 0
     ) -> int | None:
-        """A device snapshot slot for the lane's next snapshot, or None (skip it, §9.2).
-
-        The lane's lineage (the snapshot it resumed from; its previous tap when this is a tap) is
-        superseded by this snapshot (§9.3) and is offered as a slot victim first, so the slot
-        comes from the lineage when it can. The supersession itself is applied when the new
-        snapshot is published (or at once when no slot is found): counting the new snapshot
-        first keeps every counter walk between the two snapshots instead of up to the root.
-        """
-        if not lane.enabled:
-            return None
-        superseding = lineage(lane, frontier, kind, self.snapshots)
-        base = max(
-            (
-                t.frontier
-                for t in (lane.resumed_from, lane.last_tap)
-                if t is not None and t.frontier < frontier
-            ),
-            default=0,
-        )
-        estimate = self.valuer.estimate(
-            self.L, base, frontier, frontier % BLOCK_TOKENS != 0, demand
-        )
-        choice = self.slots.choose(estimate, superseding=superseding)
-        if choice is None:
-            self.stats.skipped_no_slot += 1
-            if any(isinstance(o, Snapshot) and not o.restore_pins for o in self.slots.owner):
-                # Refused on value (§9.2 step 3): the newcomer is GDSF's victim, so L rises to
-                # its priority. Beyond the spec: without this, residents hit once long ago keep
-                # every later tap out for good (L only moved on evictions, and none happen).
-                self.raise_inflation(estimate)
-            self._revalue(*self._supersede_all(superseding))
-            return None
-        victim = choice.victim
-        if victim is not None:
-            keeps_host_copy = victim.host_state is R.RESIDENT
-            if choice.source is SlotSource.HOST_BACKED or (
-                choice.source is SlotSource.SUPERSEDED and keeps_host_copy
-            ):
-                self.drop_image_device(victim)
-            else:
-                if choice.source is SlotSource.DEVICE_ONLY:
-                    self.raise_inflation(victim.h)
-                self.delete_snapshot(victim)
-        self.slots.take(choice.slot, STAGING)
-        return choice.slot
+        """A device snapshot slot for the lane's next snapshot, or None (§9.2, §9.3;
+        ``publication.reserve_slot``)."""
+        return publication.reserve_slot(self, lane, frontier, kind, demand)
 
     def cancel_slot(
         self,
@@ -386,12 +344,8 @@ class PrefixIndex:
         frontier: int = 0,
         kind: SnapshotKind = SnapshotKind.TAP,
     ) -> None:
-        """Hand back a reserved slot unused; the lane's lineage below ``frontier`` still moved
-        on (a lane given)."""
-        assert self.slots.owner[slot] is STAGING, slot
-        self.slots.release(slot)
-        if lane is not None:
-            self._revalue(*self._supersede_all(lineage(lane, frontier, kind, self.snapshots)))
+        """Hand back a reserved slot unused (``publication.cancel_slot``)."""
+        publication.cancel_slot(self, slot, lane, frontier, kind)
 
     def publish(
         self,
@@ -406,79 +360,20 @@ class PrefixIndex:
         demand: int = 0,
         origin: int = 0,
     ) -> Snapshot | None:
-        """Publish the state in staging ``slot`` at ``frontier`` (§7.4, §7.7).
-
-        ``demand``: waiting requests known to resume here (§12.2), valued as hits until they do.
-
-        The lane must have committed every full block below the frontier; a partial last block
-        needs ``tail_device`` (a cache-owned copy of its KV). A duplicate (same anchor and tail) is
-        a no-op that refreshes recency and returns None: the slot goes back to the free slots and
-        the tail handle stays the caller's.
-        """
-        k = frontier // BLOCK_TOKENS
-        if len(lane.path) < k:
-            raise ValueError(
-                f"publish at {frontier} before blocks [0, {BLOCK_TOKENS * k}) were committed"
-            )
-        if frontier % BLOCK_TOKENS and tail_device is None:
-            raise ValueError(f"frontier {frontier} is inside a block and no tail was given")
-        anchor = lane.path[k - 1] if k else self.tree.root
-        tail = key.tokens(BLOCK_TOKENS * k, frontier)
-        self.tick += 1
-        for s in anchor.snapshots or ():
-            if s.tail == tail:
-                s.last_hit_tick = self.tick
-                if demand:
-                    s.demand += demand
-                    self.valuer.recost(s)
-                self.stats.duplicate_publications += 1
-                self.cancel_slot(slot, lane, frontier, kind)
-                return None
-        s = Snapshot(
-            id=self._next_snapshot,
-            anchor=anchor,
-            frontier=frontier,
-            tail=tail,
-            kind=kind,
+        """Publish the state in staging ``slot`` at ``frontier`` (§7.4, §7.7;
+        ``publication.publish``)."""
+        return publication.publish(
+            self,
+            lane,
+            key,
+            frontier,
+            slot,
+            kind,
+            tail_device=tail_device,
+            tail_device_tokens=tail_device_tokens,
+            demand=demand,
             origin=origin,
         )
-        self._next_snapshot += 1
-        s.device_slot, s.device_state = slot, R.RESIDENT
-        self.slots.take(slot, s)
-        if tail:
-            self.residency.attach_tail(s, tail_device, tail_device_tokens, R.RESIDENT)
-        s.l_at, s.last_hit_tick = self.L, self.tick
-        s.demand = demand
-        step = lane.last_tap if lane.resumed_from_endpoint else None
-        if kind is SnapshotKind.ENDPOINT and step is not None:
-            s.lineage_tap = step.id
-        owner = self._link_snapshot(s)
-        # The lineage is read now, not at reservation: a lane may hold several reservations at
-        # once (taps captured inside one pass), each superseding the ones published before it.
-        recost, resize = self._supersede_all(lineage(lane, frontier, kind, self.snapshots))
-        self._revalue([*val.retained_frontier_below(s), *recost], [s, owner, *resize])
-        self.residency.tail_changed(s)
-        if kind is SnapshotKind.ENDPOINT:
-            self.stats.endpoints_published += 1
-        else:
-            self.stats.taps_published += 1
-            lane.last_tap = s
-        lane.published += 1
-        self.epoch += 1
-        return s
-
-    def _link_snapshot(self, s: Snapshot) -> Snapshot | None:
-        """Enter a new retained snapshot: counted retained, listed at its anchor, its ancestor and
-        dependents linked (§9.3). Returns the snapshot that owned its path before (to revalue)."""
-        anchor = s.anchor
-        owner = add_retained(s)  # before s is listed: the owner is someone else
-        if anchor.snapshots is None:
-            anchor.snapshots = []
-        anchor.snapshots.append(s)
-        self.snapshots[s.id] = s
-        add_live(anchor, +1, self.residency)
-        links.link(s)
-        return owner
 
     def pin_snapshot(self, s: Snapshot) -> None:
         """A copy reads ``s`` (a lane's copy-on-write, a restore, a write): kept whole meanwhile."""
@@ -489,23 +384,6 @@ class PrefixIndex:
         s.restore_pins -= 1
         assert s.restore_pins >= 0, s
         self.residency.tail_changed(s)
-
-    def _supersede_all(
-        self, snaps: list[Snapshot]
-    ) -> tuple[list[Snapshot | None], list[Snapshot | None]]:
-        """Supersede each; returns (snapshots whose C changed, snapshots whose Z changed)."""
-        recost: list[Snapshot | None] = []
-        resize: list[Snapshot | None] = []
-        for s in snaps:
-            if not may_supersede(s, self.snapshots):
-                continue
-            recost += val.retained_frontier_below(s)
-            s.superseded = True
-            self.tick += 1
-            s.superseded_tick = self.tick
-            self.superseded[s] = None
-            resize.append(remove_retained(s))
-        return recost, resize
 
     def _hit(self, s: Snapshot) -> None:
         if s.demand:
@@ -527,33 +405,8 @@ class PrefixIndex:
         self.L = max(self.L, h)
 
     def delete_snapshot(self, s: Snapshot) -> None:
-        assert s.restore_pins == 0, f"deleting pinned {s}"
-        retained = not s.superseded
-        below = list(val.retained_frontier_below(s)) if retained else []
-        peers = s.anchor.snapshots
-        assert peers is not None  # a snapshot is always listed on its anchor
-        peers.remove(s)
-        if not s.anchor.snapshots:
-            s.anchor.snapshots = None
-        del self.snapshots[s.id]
-        self.superseded.pop(s, None)
-        owner = remove_retained(s) if retained else None
-        add_live(s.anchor, -1, self.residency)
-        links.unlink(s)
-        if s.device_slot >= 0:
-            self.slots.release(s.device_slot)
-            s.device_slot, s.device_state = -1, R.ABSENT
-        if self.host is not None:
-            if s.host_slabs:
-                self.host.release(s.host_slabs)
-            if s.tail_host_slab >= 0:
-                self.host.release([s.tail_host_slab])
-        s.host_slabs, s.host_state = (), R.ABSENT
-        s.tail_host_slab, s.tail_host_state = -1, R.ABSENT
-        if s.tail_device_state is not R.ABSENT:
-            self.residency.drop_tail_device(s)
-        self._revalue(below, [owner])
-        self.epoch += 1
+        """``s`` leaves the index with its copies (``publication.delete_snapshot``)."""
+        publication.delete_snapshot(self, s)
 
     def _revalue(
         self,
@@ -667,7 +520,7 @@ class PrefixIndex:
             s.tail_host_slab, s.tail_host_state = tail_slab, R.RESIDENT
         s.host_slabs, s.host_state = image_slabs, R.RESIDENT
         s.hits, s.l_at, s.last_hit_tick = hits, self.L, self.tick
-        self._link_snapshot(s)
+        publication.link_snapshot(self, s)
         self.epoch += 1
         return s
 
