@@ -114,14 +114,13 @@ def plot(records: list[dict[str, Any]], path: Path) -> None:
     labels = [f"{r['run']} {r['budget'].split(' (')[0]}" for r in records]
     fig = Figure(figsize=(10, 0.45 * len(records) + 1.5))
     ax = fig.subplots()
-    shown = [c for c in CACHES if c != "oracle"] + ["oracle"]
-    height = 0.8 / len(shown)
-    for k, cache in enumerate(shown):
+    height = 0.8 / len(CACHES)
+    for k, cache in enumerate(CACHES):
         ys, xs = [], []
         for i, r in enumerate(records):
             sglang = [r["computed"][c] for c in ("no_buffer", "extra_buffer") if c in r["computed"]]
             if cache in r["computed"] and sglang:
-                ys.append(i + (k - (len(shown) - 1) / 2) * height)
+                ys.append(i + (k - (len(CACHES) - 1) / 2) * height)
                 xs.append(r["computed"][cache] / min(sglang))
         ax.barh(ys, xs, height=height, label=cache)
     ax.axvline(1.0, color="black", linewidth=0.8)

@@ -330,50 +330,12 @@ class PrefixIndex:
             skip_opener=source is not None and source.kind is SnapshotKind.ENDPOINT,
         )
 
-    def reserve_slot(
-        self, lane: Lane, frontier: int, kind: SnapshotKind, demand: int = 0
-    ) -> int | None:
-        """A device snapshot slot for the lane's next snapshot, or None (§9.2, §9.3;
-        ``publication.reserve_slot``)."""
-        return publication.reserve_slot(self, lane, frontier, kind, demand)
-
-    def cancel_slot(
-        self,
-        slot: int,
-        lane: Lane | None = None,
-        frontier: int = 0,
-        kind: SnapshotKind = SnapshotKind.TAP,
-    ) -> None:
-        """Hand back a reserved slot unused (``publication.cancel_slot``)."""
-        publication.cancel_slot(self, slot, lane, frontier, kind)
-
-    def publish(
-        self,
-        lane: Lane,
-        key: PromptKey,
-        frontier: int,
-        slot: int,
-        kind: SnapshotKind,
-        *,
-        tail_device: object | None = None,
-        tail_device_tokens: int = 0,
-        demand: int = 0,
-        origin: int = 0,
-    ) -> Snapshot | None:
-        """Publish the state in staging ``slot`` at ``frontier`` (§7.4, §7.7;
-        ``publication.publish``)."""
-        return publication.publish(
-            self,
-            lane,
-            key,
-            frontier,
-            slot,
-            kind,
-            tail_device=tail_device,
-            tail_device_tokens=tail_device_tokens,
-            demand=demand,
-            origin=origin,
-        )
+    # A snapshot's way in and out (§7.4, §9.2, §9.3): functions of ``publication`` bound
+    # as methods, so the upper layers keep calling ``index.publish(...)``.
+    reserve_slot = publication.reserve_slot
+    cancel_slot = publication.cancel_slot
+    publish = publication.publish
+    delete_snapshot = publication.delete_snapshot
 
     def pin_snapshot(self, s: Snapshot) -> None:
         """A copy reads ``s`` (a lane's copy-on-write, a restore, a write): kept whole meanwhile."""
@@ -403,10 +365,6 @@ class PrefixIndex:
         """GDSF's L rises to an evicted (or refused) priority ``h`` (§9.3). max(): revaluations
         may have lowered an old H below L, and L never falls."""
         self.L = max(self.L, h)
-
-    def delete_snapshot(self, s: Snapshot) -> None:
-        """``s`` leaves the index with its copies (``publication.delete_snapshot``)."""
-        publication.delete_snapshot(self, s)
 
     def _revalue(
         self,
