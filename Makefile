@@ -9,11 +9,12 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 KEXT_STAMP := $(VENV)/.kernel-ext
+NATIVE_STAMP := $(VENV)/.index-native
 
 .PHONY: venv test lint demo bench-index stress-index stress bench-replay gpu-carry clean-venv \
-	kernel-ext gpu-smoke
+	kernel-ext gpu-smoke index-native
 
-venv: $(STAMP) $(KEXT_STAMP)
+venv: $(STAMP) $(KEXT_STAMP) $(NATIVE_STAMP)
 
 $(STAMP): pyproject.toml requirements/cpu-lock.txt requirements/constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -38,12 +39,26 @@ kernel-ext: $(STAMP)
 	$(PY) sgl-kernel-ext/build.py
 	@touch $(KEXT_STAMP)
 
+# The index compiled by mypyc (tools/build_index.py, docs/index.md "Compiled"): built into
+# python/sglang_hybrid/index/_compiled/ (~40 s on 2 cores), used only while it matches the sources
+# (an edited module falls back to Python until the next build), skipped with the reason when no
+# compiler is found; SGLANG_HYBRID_PURE_PYTHON=1 runs the sources. make index-native rebuilds.
+INDEX_SRC := $(wildcard python/sglang_hybrid/index/*.py) tools/build_index.py
+
+$(NATIVE_STAMP): $(STAMP) $(INDEX_SRC)
+	-$(PY) tools/build_index.py
+	@touch $@
+
+index-native: $(STAMP)
+	$(PY) tools/build_index.py --force
+	@touch $(NATIVE_STAMP)
+
 # mypy: the package (and sgl-kernel-ext, which it imports), strict on index/ and store/; the
 # configuration is pyproject.toml's [tool.mypy]. Cold (no .mypy_cache) ~1 min on 2 cores, warm
 # a few seconds.
 lint: $(STAMP)
-	$(VENV)/bin/ruff check python test benchmark sgl-kernel-ext examples
-	$(VENV)/bin/ruff format --check python test benchmark sgl-kernel-ext examples
+	$(VENV)/bin/ruff check python test benchmark sgl-kernel-ext examples tools
+	$(VENV)/bin/ruff format --check python test benchmark sgl-kernel-ext examples tools
 	$(VENV)/bin/mypy
 
 # Two pytest-xdist workers, one test file each at a time (--dist loadfile keeps a file's
@@ -53,7 +68,7 @@ TEST_WORKERS ?= 2
 
 # The GPU check's CPU smoke mode (every stage at tiny shapes, ~8 min) is its own target: CI runs
 # the check's dry run (its imports and CUDA-free paths) and the suites it reuses.
-test: $(STAMP) $(KEXT_STAMP) lint
+test: $(STAMP) $(KEXT_STAMP) $(NATIVE_STAMP) lint
 	$(PY) -m pytest -q -m "not gpu_smoke" -n $(TEST_WORKERS) --dist loadfile
 
 gpu-smoke: $(STAMP) $(KEXT_STAMP)
@@ -61,7 +76,7 @@ gpu-smoke: $(STAMP) $(KEXT_STAMP)
 
 # SGLang's server on the CPU with --radix-cache hybrid, then its built-in cache, then none,
 # replaying an embedded agent session (python -m sglang_hybrid.demo --help for options).
-demo: $(STAMP)
+demo: $(STAMP) $(NATIVE_STAMP)
 	$(PY) -m sglang_hybrid.demo --out out/demo
 
 bench-index: $(STAMP)

@@ -28,6 +28,7 @@ from sglang_hybrid.index import (
     PrefixIndex,
     PromptKey,
     SnapshotKind,
+    native,
 )
 from sglang_hybrid.index.host_eviction import min_h_victim
 
@@ -199,8 +200,14 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=7)
     ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = ap.parse_args()
-    print("index benchmark (2-core budgets in brackets); building inputs ...", flush=True)
-    res = {}
+    index = native.status()  # compiled (mypyc) or the sources: docs/index.md, "Compiled"
+    print(
+        f"index benchmark (2-core budgets in brackets), index "
+        f"{'compiled' if index.compiled else 'from its sources'} ({index.reason}); "
+        "building inputs ...",
+        flush=True,
+    )
+    res: dict = {"index_compiled": index.compiled}
     res.update(bench_commit_and_match(args.repeat))
     print(
         f"  match, 240k-token prompt, 3,750 cached blocks: "

@@ -78,7 +78,12 @@ def main() -> None:
     ap.add_argument("--kv-tokens", type=int, default=400_000)
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
-    res = {kind: run(kind, args) for kind in ("hybrid", "builtin")}
+    from sglang_hybrid.index import native
+
+    index = native.status()  # compiled (mypyc) or the sources: docs/index.md, "Compiled"
+    print(f"index: {'compiled' if index.compiled else 'sources'} ({index.reason})", flush=True)
+    res: dict = {kind: run(kind, args) for kind in ("hybrid", "builtin")}
+    res["index_compiled"] = index.compiled
     h, b = res["hybrid"], res["builtin"]
     ratio = h["cache_us_per_request_mean"] / b["cache_us_per_request_mean"]
     res["ratio_hybrid_over_builtin"] = ratio

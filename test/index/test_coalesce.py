@@ -172,17 +172,16 @@ def test_demand_counts_other_waiting_prompts() -> None:
     assert not demand._added and not demand._removed  # the drained queue holds no counts
 
 
-def test_demand_counts_equal_a_plain_multiset_through_folds(monkeypatch) -> None:
+def test_demand_counts_equal_a_plain_multiset_through_folds() -> None:
     """Many arrivals and departures (folds of the removed counts included) keep every count
     equal to a recount of the prompts still waiting, and zero counts never pile up."""
-    monkeypatch.setattr(PrefixDemand, "FOLD_SLACK", 0)  # fold as often as the rule allows
     rng = random.Random(7)
     base = toks(4000)
     prompts = {  # a shared document, then a private part of up to ~10 blocks
         f"r{i}": key(base[: rng.randrange(0, 4000)] + toks(rng.randrange(1, 640)))
         for i in range(300)
     }
-    demand: PrefixDemand[str] = PrefixDemand()
+    demand: PrefixDemand[str] = PrefixDemand(fold_slack=0)  # fold as often as the rule allows
     waiting: set[str] = set()
     order = sorted(prompts)
     for step in range(2000):

@@ -169,9 +169,7 @@ def constant_hash(monkeypatch: pytest.MonkeyPatch, value: int = 0x5EED) -> None:
     def same(data: bytes, seed: int) -> int:
         return value
 
-    monkeypatch.setattr(keys, "xxh3_chain", same)
-    # PromptKey binds its hash function as a keyword default at definition time.
-    monkeypatch.setitem(keys.PromptKey.__init__.__kwdefaults__, "hash_fn", same)
+    monkeypatch.setattr(keys, "xxh3_chain", same)  # PromptKey's default, read per key
 
 
 def format_exc(exc: BaseException) -> str:

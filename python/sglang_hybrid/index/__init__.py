@@ -7,7 +7,14 @@ Pure Python (no torch, no sglang). One concept per module, named as in the spec:
 ``path_counts`` (§5.2), ``invariants`` (§10), ``cost`` / ``presets`` (§6.2, §11.4), ``config``
 (§14.2) and the facade ``prefix_index`` with its parts ``residency`` and ``transfers`` and its
 function modules ``publication`` (§7.4, §9.2-9.3), ``eviction`` (§9.1, §9.4), ``persist``.
+
+Its modules run compiled by mypyc when a current build exists (``native``: the folder of the
+build joins ``__path__`` ahead of the sources; ``native.status()`` says which runs).
 """
+
+from . import native as _native
+
+__path__, NATIVE = _native.search_path(__path__)
 
 from .admission import Candidate, Quote, Readiness, quote
 from .config import CacheConfig, resolve_config

@@ -181,14 +181,13 @@ class PrefixDemand(Generic[T]):
     A prompt's count is ``_added[h] - _removed[h]``: both are Counters fed whole hash lists, which
     ``Counter.update`` counts in C (a waiting queue of long prompts enters and leaves ~240 blocks
     per request). ``_removed`` is folded into ``_added`` once it has received more blocks than the
-    waiting prompts hold (plus ``FOLD_SLACK``): a fold costs O(its removed hashes), O(1) per
+    waiting prompts hold (plus ``fold_slack``): a fold costs O(its removed hashes), O(1) per
     removed block amortised, and the hashes kept whose count is zero never outnumber the live
     prompts' blocks plus the slack.
     """
 
-    FOLD_SLACK = 4096
-
-    def __init__(self) -> None:
+    def __init__(self, fold_slack: int = 4096) -> None:
+        self.fold_slack = fold_slack
         self._added: Counter[int] = Counter()
         self._removed: Counter[int] = Counter()
         self._removed_blocks = 0  # blocks entered into ``_removed`` since the last fold
@@ -224,7 +223,7 @@ class PrefixDemand(Generic[T]):
             return
         self._removed.update(key.hashes[: key.full_blocks])
         self._removed_blocks += key.full_blocks
-        if self._removed_blocks > self._live_blocks + self.FOLD_SLACK:
+        if self._removed_blocks > self._live_blocks + self.fold_slack:
             self._fold()
 
     def count(self, h: int) -> int:

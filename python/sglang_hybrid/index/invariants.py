@@ -46,6 +46,10 @@ def check_integrity(index: PrefixIndex) -> None:
         kids = list(n.iter_children())
         if len(kids) != n.n_children:
             _fail(f"{n}: n_children {n.n_children} != {len(kids)}")
+        if (n.only_child is not None) != (n.n_children == 1) or (n.children is not None) != (
+            n.n_children >= 2
+        ):
+            _fail(f"{n}: {n.n_children} children held as only_child / dict inconsistently")
         for c in kids:
             if c.parent is not n or c.depth != n.depth + 1:
                 _fail(f"{c}: bad parent link")

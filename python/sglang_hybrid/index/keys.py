@@ -87,7 +87,7 @@ class PromptKey:
         *,
         extras: Mapping[int, int] | None = None,
         vision_spans: Sequence[tuple[int, int]] = (),
-        hash_fn: HashFn = xxh3_chain,
+        hash_fn: HashFn | None = None,
         namespace: int = 0,
     ) -> None:
         if len(data) % TOKEN_BYTES:
@@ -96,7 +96,8 @@ class PromptKey:
         self.n = len(data) // TOKEN_BYTES
         self._extra_at = dict(extras) if extras else None
         self.vision_spans = tuple(sorted(vision_spans))  # half-open [begin, end) token spans
-        self._hash_fn = hash_fn
+        # None: the module's ``xxh3_chain``, looked up now (a test may replace it to collide).
+        self._hash_fn: HashFn = xxh3_chain if hash_fn is None else hash_fn
         # A namespace (SGLang's extra_key / cache_salt, e.g. a LoRA adapter) joins every block's
         # extra key, so prompts in different namespaces never share a block.
         self.namespace = namespace

@@ -51,17 +51,17 @@ def match_prompt(tree: BlockTree, key: PromptKey, limit: int | None = None) -> M
     add = path.append
     end = 0  # byte offset of block b's end
     for b in range(kmax):
-        children = node.children
-        if not children:
-            break
-        if b < known:
-            child = children.get(hashes[b])
-        elif node.n_children == 1:
-            # A chain: the only child matches or nothing does, whatever the hash would select.
-            (child,) = children.values()
-        else:
-            child = children.get(key.ensure_hashes(b + 1)[b])
-            known = b + 1
+        # A chain (one child): it matches or nothing does, whatever the hash would select.
+        child = node.only_child
+        if child is None:
+            children = node.children
+            if not children:
+                break
+            if b < known:
+                child = children.get(hashes[b])
+            else:
+                child = children.get(key.ensure_hashes(b + 1)[b])
+                known = b + 1
         end += bb
         tokens = data[end - bb : end]
         x = extra(b) if extra is not None else 0

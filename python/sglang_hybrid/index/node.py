@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
     from .snapshot import Snapshot
@@ -29,9 +29,9 @@ class FastResidency:
     :class:`Residency`: CPython 3.11 reads an Enum member off its class ~80 ns slower than a
     plain class attribute, and the O(path) loops (pin, release, commit, match) read it per node."""
 
-    ABSENT = Residency.ABSENT
-    RESIDENT = Residency.RESIDENT
-    FILLING = Residency.FILLING
+    ABSENT: Final = Residency.ABSENT
+    RESIDENT: Final = Residency.RESIDENT
+    FILLING: Final = Residency.FILLING
 
 
 @dataclass(slots=True, eq=False)
@@ -46,7 +46,11 @@ class BlockNode:
     lookup_hash: int
     extra: int
     tokens: bytes  # exact packed tokens of the block (§5.1)
-    # Children by lookup_hash, collisions chained via hash_next; only changed by ``BlockTree``.
+    # Children; only changed by ``BlockTree``. One child (a chain, most nodes): ``only_child``,
+    # no dict. Two or more: ``children`` by lookup_hash, collisions chained via hash_next. A dict
+    # per chain node was a third of a block's memory and one more object for the cyclic GC to
+    # track (issue #15); the representation follows ``n_children`` exactly (``check_integrity``).
+    only_child: BlockNode | None = None
     children: dict[int, BlockNode] | None = None
     hash_next: BlockNode | None = None
     n_children: int = 0
@@ -101,7 +105,9 @@ class BlockNode:
         return 64 * (self.depth + 1)
 
     def iter_children(self) -> Iterator[BlockNode]:
-        if self.children:
+        if self.only_child is not None:
+            yield self.only_child
+        elif self.children:
             for head in self.children.values():
                 c: BlockNode | None = head
                 while c is not None:

@@ -247,7 +247,7 @@ class PrefixIndex:
         for b in range(start, end):
             h, tokens = hashes[b], data[b * bb : (b + 1) * bb]
             x = extra_of(b) if extra_of is not None else 0
-            node = tree.find_child(parent, h, tokens, x) if parent.children else None
+            node = tree.find_child(parent, h, tokens, x) if parent.n_children else None
             if node is None:
                 # A new node is pinned by this lane and device-only: in neither the LRU nor the
                 # dead list, as ``residency.node_changed`` would find (its copy is counted below).
@@ -330,12 +330,51 @@ class PrefixIndex:
             skip_opener=source is not None and source.kind is SnapshotKind.ENDPOINT,
         )
 
-    # A snapshot's way in and out (§7.4, §9.2, §9.3): functions of ``publication`` bound
-    # as methods, so the upper layers keep calling ``index.publish(...)``.
-    reserve_slot = publication.reserve_slot
-    cancel_slot = publication.cancel_slot
-    publish = publication.publish
-    delete_snapshot = publication.delete_snapshot
+    # A snapshot's way in and out (§7.4, §9.2, §9.3): ``publication``'s functions, documented
+    # there. Spelled out as methods: a class compiled by mypyc (``native``) binds no module
+    # function assigned in its body.
+    def reserve_slot(
+        self, lane: Lane, frontier: int, kind: SnapshotKind, demand: int = 0
+    ) -> int | None:
+        return publication.reserve_slot(self, lane, frontier, kind, demand)
+
+    def cancel_slot(
+        self,
+        slot: int,
+        lane: Lane | None = None,
+        frontier: int = 0,
+        kind: SnapshotKind = SnapshotKind.TAP,
+    ) -> None:
+        publication.cancel_slot(self, slot, lane, frontier, kind)
+
+    def publish(
+        self,
+        lane: Lane,
+        key: PromptKey,
+        frontier: int,
+        slot: int,
+        kind: SnapshotKind,
+        *,
+        tail_device: object | None = None,
+        tail_device_tokens: int = 0,
+        demand: int = 0,
+        origin: int = 0,
+    ) -> Snapshot | None:
+        return publication.publish(
+            self,
+            lane,
+            key,
+            frontier,
+            slot,
+            kind,
+            tail_device=tail_device,
+            tail_device_tokens=tail_device_tokens,
+            demand=demand,
+            origin=origin,
+        )
+
+    def delete_snapshot(self, s: Snapshot) -> None:
+        publication.delete_snapshot(self, s)
 
     def pin_snapshot(self, s: Snapshot) -> None:
         """A copy reads ``s`` (a lane's copy-on-write, a restore, a write): kept whole meanwhile."""

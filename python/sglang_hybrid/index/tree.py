@@ -29,6 +29,9 @@ class BlockTree:
     # ---------------------------------------------------------------- lookup
     @staticmethod
     def find_child(parent: BlockNode, h: int, tokens: bytes, extra: int) -> BlockNode | None:
+        only = parent.only_child
+        if only is not None:  # equal tokens and extra under one parent imply equal hashes
+            return only if only.tokens == tokens and only.extra == extra else None
         children = parent.children
         if not children:
             return None
@@ -44,29 +47,42 @@ class BlockTree:
         node = BlockNode(self._next_id, parent, parent.depth + 1, h, extra, tokens)
         self._next_id += 1
         self.n_nodes += 1
-        children = parent.children
-        if children is None:  # the common case: extending a chain
-            parent.children = {h: node}
-            parent.n_children = 1
+        n = parent.n_children
+        parent.n_children = n + 1
+        if n == 0:  # the common case: extending a chain
+            parent.only_child = node
             return node
+        children = parent.children
+        if children is None:  # the second child: the chain forks here
+            only = parent.only_child
+            assert only is not None
+            parent.only_child = None
+            children = parent.children = {only.lookup_hash: only}
+            self._add_forks(parent, 1)
         node.hash_next = children.get(h)
         children[h] = node
-        parent.n_children += 1
-        if parent.n_children == 2:
-            self._add_forks(parent, 1)
         return node
 
     def remove_leaf(self, node: BlockNode) -> None:
         """Unlink a childless node. Counters along its path must already be zero for it."""
         assert node.n_children == 0 and not node.is_root, node
         parent = node.parent
-        assert parent is not None and parent.children is not None
-        head = parent.children[node.lookup_hash]
+        assert parent is not None
+        node.parent = None
+        self.n_nodes -= 1
+        parent.n_children -= 1
+        if parent.only_child is not None:
+            assert parent.only_child is node
+            parent.only_child = None
+            return
+        children = parent.children
+        assert children is not None
+        head = children[node.lookup_hash]
         if head is node:
             if node.hash_next is None:
-                del parent.children[node.lookup_hash]
+                del children[node.lookup_hash]
             else:
-                parent.children[node.lookup_hash] = node.hash_next
+                children[node.lookup_hash] = node.hash_next
         else:
             while head.hash_next is not node:
                 nxt = head.hash_next
@@ -74,13 +90,12 @@ class BlockTree:
                 head = nxt
             head.hash_next = node.hash_next
         node.hash_next = None
-        parent.n_children -= 1
-        if parent.n_children == 1:
-            self._add_forks(parent, -1)
-        if not parent.children:
+        if parent.n_children == 1:  # back to a chain: the last child leaves the dict
+            (last,) = children.values()
+            assert last.hash_next is None
             parent.children = None
-        node.parent = None
-        self.n_nodes -= 1
+            parent.only_child = last
+            self._add_forks(parent, -1)
 
     def _add_forks(self, node: BlockNode | None, delta: int) -> None:
         while node is not None:

@@ -42,7 +42,9 @@ def is_above(s: Snapshot, d: Snapshot) -> bool:
     if a.depth < sd:
         return False
     while a.depth > sd + 1:
-        a = a.parent  # type: ignore[assignment]  # deeper than sd + 1 >= 1: not the root
+        up = a.parent
+        assert up is not None  # deeper than sd + 1 >= 1: not the root
+        a = up
     return a.parent is s.anchor and tail_prefix_of(s, a.tokens)
 
 
@@ -60,16 +62,16 @@ def find_ancestor(s: Snapshot) -> Snapshot | None:
             best = t
     if best is not None:
         return best
-    child = node
-    node = node.parent  # type: ignore[assignment]  # the walk up ends at the root's None
-    while node is not None:
-        if node.snapshots:
-            for t in node.snapshots:
+    child: BlockNode = node
+    up = node.parent  # the walk up ends at the root's None
+    while up is not None:
+        if up.snapshots:
+            for t in up.snapshots:
                 if tail_prefix_of(t, child.tokens) and (best is None or t.frontier > best.frontier):
                     best = t
             if best is not None:
                 return best
-        child, node = node, node.parent  # type: ignore[assignment]  # as above
+        child, up = up, up.parent
     return None
 
 

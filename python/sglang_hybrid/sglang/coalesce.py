@@ -326,14 +326,16 @@ def around_prefill_pass(
     order = list(scheduler.waiting_queue)
     # Object identity within one pass (every object alive throughout): membership only, no
     # order or decision depends on the values of id().
-    held_ids = {id(r) for r in held}
+    # (The id sets of whole queues are built by ``set(map(id, ...))``: in C, hundreds of waiting
+    # requests each pass a request is held.)
+    held_ids = set(map(id, held))
     scheduler.waiting_queue = [r for r in order if id(r) not in held_ids]
     try:
         return orig(scheduler, *args, **kwargs)
     finally:
         left = scheduler.waiting_queue
-        left_ids = {id(r) for r in left}
-        known = {id(r) for r in order}
+        left_ids = set(map(id, left))
+        known = set(map(id, order))
         scheduler.waiting_queue = [r for r in order if id(r) in held_ids or id(r) in left_ids] + [
             r for r in left if id(r) not in known
         ]
