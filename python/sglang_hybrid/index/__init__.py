@@ -9,7 +9,8 @@ Pure Python (no torch, no sglang). One concept per module, named as in the spec:
 function modules ``publication`` (§7.4, §9.2-9.3), ``eviction`` (§9.1, §9.4), ``persist``.
 
 Its modules run compiled by mypyc when a current build exists (``native``: the folder of the
-build joins ``__path__`` ahead of the sources; ``native.status()`` says which runs).
+build joins ``__path__`` ahead of the sources; ``native.status()`` says which runs; the build is
+``tools/build_index.py``, docs/index.md "Compiled").
 """
 
 from . import native as _native
