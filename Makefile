@@ -41,8 +41,9 @@ kernel-ext: $(STAMP)
 
 # The index compiled by mypyc (tools/build_index.py, docs/index.md "Compiled"): built into
 # python/sglang_hybrid/index/_compiled/ (~40 s on 2 cores), used only while it matches the sources
-# (an edited module falls back to Python until the next build), skipped with the reason when no
-# compiler is found; SGLANG_HYBRID_PURE_PYTHON=1 runs the sources. make index-native rebuilds.
+# (an edited module falls back to Python until the next build); a failed build (no C compiler,
+# say) prints its log's tail and leaves the sources in use, and is tried again when a source
+# changes; SGLANG_HYBRID_PURE_PYTHON=1 runs the sources. make index-native rebuilds.
 INDEX_SRC := $(wildcard python/sglang_hybrid/index/*.py) tools/build_index.py
 
 $(NATIVE_STAMP): $(STAMP) $(INDEX_SRC)

@@ -48,12 +48,8 @@ _SETUP = """
 import sys
 from setuptools import setup
 from mypyc.build import mypycify
-paths, (group, build) = sys.argv[1:-1], sys.argv[-1].split("|")
-# Its own mypy configuration: the project's (pyproject.toml, found upwards) names paths from the
-# repository root. ``make lint`` type-checks the same sources strictly.
+group, build, paths = sys.argv[1], sys.argv[2], sys.argv[3:]
 config = build + "/mypy.ini"
-with open(config, "w") as f:
-    f.write("[mypy]\\nignore_missing_imports = True\\n")
 setup(
     name="sglang-hybrid-index-native",
     ext_modules=mypycify(
@@ -67,20 +63,22 @@ setup(
 def build(force: bool) -> int:
     native = _native()
     target = SOURCE_DIR / native.COMPILED_DIR
-    stamp = target / native.STAMP
     want = native.fingerprint(SOURCE_DIR)
-    if not force and stamp.is_file() and stamp.read_text().strip() == want:
+    if not force and native.stamped(SOURCE_DIR) == want:
         print(f"compiled index is current ({target.relative_to(ROOT)})")
         return 0
     sources = [str(p.relative_to(PYTHON_DIR)) for p in native.compiled_modules(SOURCE_DIR)]
     shutil.rmtree(BUILD, ignore_errors=True)
     BUILD.mkdir(parents=True)
+    # mypyc's own mypy configuration: the project's (pyproject.toml, found upwards) names paths
+    # from the repository root. ``make lint`` type-checks the same sources strictly.
+    (BUILD / "mypy.ini").write_text("[mypy]\nignore_missing_imports = True\n")
     log = BUILD / "build.log"
     print(f"compiling {len(sources)} index modules with mypyc (~1 min; {log.relative_to(ROOT)})")
     t0 = time.monotonic()
     with log.open("w") as out:
         rc = subprocess.call(
-            [sys.executable, "-c", _SETUP, *sources, f"{GROUP}|{BUILD}"],
+            [sys.executable, "-c", _SETUP, GROUP, str(BUILD), *sources],
             cwd=PYTHON_DIR,
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -95,7 +93,7 @@ def build(force: bool) -> int:
     target.mkdir()
     for so in sorted(built.glob("*.so")):
         shutil.copy2(so, target / so.name)
-    stamp.write_text(want + "\n")
+    (target / native.STAMP).write_text(want + "\n")
     # The check: a fresh interpreter must import the package from the build.
     check = (
         "import sglang_hybrid.index as i, sglang_hybrid.index.tree as t; "

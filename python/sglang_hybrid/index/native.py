@@ -53,22 +53,25 @@ def fingerprint(source_dir: Path) -> str:
     return h.hexdigest()
 
 
+def stamped(source_dir: Path) -> str | None:
+    """The fingerprint the build in ``source_dir`` was made from; None when there is none."""
+    try:
+        return (source_dir / COMPILED_DIR / STAMP).read_text().strip()
+    except OSError:  # not built (or unreadable, which counts the same)
+        return None
+
+
 def _probe(source_dir: Path) -> NativeStatus:
     if os.environ.get(PURE_ENV, "") not in ("", "0"):
         return NativeStatus(False, f"{PURE_ENV} is set")
-    compiled = source_dir / COMPILED_DIR
-    stamp = compiled / STAMP
-    if not stamp.is_file():
+    built = stamped(source_dir)
+    if built is None:
         return NativeStatus(False, "not built (make venv or python tools/build_index.py)")
-    try:
-        built = stamp.read_text().strip()
-    except OSError as e:
-        return NativeStatus(False, f"unreadable {stamp}: {e}")
     if built != fingerprint(source_dir):
         return NativeStatus(
             False, "the sources changed since the build (python tools/build_index.py rebuilds)"
         )
-    return NativeStatus(True, str(compiled))
+    return NativeStatus(True, str(source_dir / COMPILED_DIR))
 
 
 def search_path(package_path: list[str]) -> tuple[list[str], NativeStatus]:
@@ -77,7 +80,7 @@ def search_path(package_path: list[str]) -> tuple[list[str], NativeStatus]:
     st = _probe(source_dir)
     if not st.compiled:
         return list(package_path), st
-    return [st.reason, *package_path], st
+    return [str(source_dir / COMPILED_DIR), *package_path], st
 
 
 def status() -> NativeStatus:
