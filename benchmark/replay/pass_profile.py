@@ -3,7 +3,7 @@
 Usage (from the repository root):
   python benchmark/replay/pass_profile.py [--trace mooncake:PATH] [--caches hybrid,no_buffer] \
       [--budget-gib 32 --geometry qwen3-next-80b --device h200 --limit N] \
-      [--json docs/results/pass-profile.json]
+      [--concurrent [--rounds 2]] [--clock {wall,cpu}] [--json docs/results/pass-profile.json]
 
 Replays the trace (default: the synthetic Mooncake trace at its own arrival times, which keeps a
 waiting queue of hundreds of requests for most of the run) through SGLang's real Scheduler once
@@ -25,6 +25,11 @@ thread: run it on an idle one and compare the ratios, which are measured side by
 run. Tensor work (state and index copies) runs synchronously here, in both caches; on a GPU it is
 an asynchronous launch.
 
+``--concurrent`` replays each cache in its own process, all at once, each pinned to its own CPU,
+in ``--rounds`` rounds (default 2) that swap the CPUs: on a busy machine a neighbour then slows
+every cache alike, and a CPU slower than the other slows each cache in one round; the ratios
+reported are the geometric mean of the rounds'.
+
 A speed probe runs before and after each cache's replay (``speed_probe``: fixed Python dictionary
 work like the index's, fixed torch gathers like SGLang's checkpoints). These machines are shared,
 and a neighbour can slow dictionary-heavy Python 2-3x while tensor slicing slows 1.2x (seen on
@@ -39,9 +44,11 @@ import datetime
 import functools
 import inspect
 import json
+import math
 import platform
 import random
 import shlex
+import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -285,6 +292,17 @@ def main() -> int:
         default="wall",
         help="wall (default) or cpu: the scheduler thread's CPU time (see Meter)",
     )
+    parser.add_argument(
+        "--concurrent",
+        action="store_true",
+        help="replay each cache in its own process, all at once (see run_concurrently)",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=2,
+        help="with --concurrent: rounds, each pinning the caches to the CPUs shifted by one",
+    )
     cli._engine_args(parser)
     cli._trace_args(parser)
     cli._budget_args(parser)
@@ -294,6 +312,16 @@ def main() -> int:
     unknown = set(caches) - {"hybrid", "no_buffer", "extra_buffer"}
     if unknown:
         parser.error(f"--caches: unknown {sorted(unknown)} (hybrid, no_buffer, extra_buffer)")
+    if args.concurrent and len(caches) > 1:
+        rows, compiled = [], True
+        for r in range(max(1, args.rounds)):
+            got, ok = run_concurrently(caches, shift=r)
+            for row in got:
+                row["round"] = r
+            rows.extend(got)
+            compiled = compiled and ok
+            print(f"round {r + 1}: " + format_ratios(ratios_of(got)), flush=True)
+        return report(rows, args, compiled)
     import torch
 
     # One torch thread (as bench_bookkeeping): on a shared 2-core machine two threads turn a
@@ -329,16 +357,79 @@ def main() -> int:
         print("    a typical pass (40th-60th percentile of cache time), us per pass:")
         for name, us in r["median_passes_us"].items():
             print(f"    {us:8.1f}    {name}")
-    ratios: dict[str, float] = {}
-    by = {r["cache"]: r for r in rows}
-    if "hybrid" in by and "no_buffer" in by:
-        h, n = by["hybrid"], by["no_buffer"]
-        for k in ("cache_us_p50", "cache_us_p99", "cache_us_mean"):
-            ratios[k] = h[k] / n[k] if n[k] else float("inf")
+    return report(rows, args, index.compiled)
+
+
+def run_concurrently(caches: list[str], shift: int = 0) -> tuple[list[dict[str, Any]], bool]:
+    """Each cache replayed by a child running this script with the same arguments, all started
+    together, so a neighbour that slows the machine slows every cache alike instead of whichever
+    ran then. Child i is pinned to CPU i + ``shift`` (mod the CPUs this process may use): a
+    neighbour often loads one CPU more than another (seen: one cache 30 % slower than in the run
+    before, the other not), so rounds with shifted pins put each cache on each CPU (``--rounds``,
+    whose ratios are combined by their geometric mean). Each child's own output is printed once
+    all have finished. Returns the children's rows and whether they ran the index compiled.
+    """
+    import os
+    import subprocess
+    import tempfile
+
+    skip = {"--concurrent", "--caches", "--json"}
+    argv, drop = [], False
+    for a in sys.argv[1:]:
+        name = a.split("=", 1)[0]
+        if drop:
+            drop = False
+            continue
+        if name in skip:
+            drop = name != "--concurrent" and "=" not in a
+            continue
+        argv.append(a)
+    with tempfile.TemporaryDirectory() as tmp:
+        runs = []
+        cpus = sorted(os.sched_getaffinity(0))
+        pins = {}
+        for i, cache in enumerate(caches):
+            out = Path(tmp) / f"{cache}.json"
+            cmd = [sys.executable, __file__, *argv, "--caches", cache, "--json", str(out)]
+            pins[cache] = cpus[(i + shift) % len(cpus)]
+            if shutil.which("taskset"):  # util-linux; unpinned without it
+                cmd = ["taskset", "-c", str(pins[cache]), *cmd]
+            log = (Path(tmp) / f"{cache}.log").open("w+")
+            runs.append((cache, out, log, subprocess.Popen(cmd, stdout=log, stderr=log)))
         print(
-            "hybrid / no_buffer, cache time per pass: "
-            + ", ".join(f"{k.removeprefix('cache_us_')} {v:.2f}x" for k, v in ratios.items())
+            "replaying at once, one process each: "
+            + ", ".join(f"{c} on CPU {p}" for c, p in pins.items())
+            + " ...",
+            flush=True,
         )
+        failed = [cache for cache, _, _, proc in runs if proc.wait() != 0]
+        rows, compiled = [], True
+        for cache, out, log, _ in runs:
+            log.seek(0)
+            print(f"--- {cache} ---\n{log.read().rstrip()}", flush=True)
+            log.close()
+            if cache not in failed:
+                data = json.loads(out.read_text())
+                for row in data["rows"]:
+                    row["cpu"] = pins[cache]
+                rows.extend(data["rows"])
+                compiled = compiled and data["index_compiled"]
+    if failed:
+        raise SystemExit(f"replay failed for {', '.join(failed)} (its output is above)")
+    return rows, compiled
+
+
+def report(rows: list[dict[str, Any]], args: argparse.Namespace, compiled: bool) -> int:
+    """Print the ratios (over several rounds: the geometric mean of each round's) and the
+    probes' spread; write ``--json``."""
+    rounds = sorted({r.get("round", 0) for r in rows})
+    each = [ratios_of([r for r in rows if r.get("round", 0) == k]) for k in rounds]
+    each = [e for e in each if e]
+    ratios: dict[str, float] = {}
+    if each:
+        ratios = {k: math.prod(e[k] for e in each) ** (1 / len(each)) for k in each[0]}
+        label = "geometric mean of the rounds" if len(each) > 1 else "cache time per pass"
+        print(f"hybrid / no_buffer, {label}: " + format_ratios(ratios))
     spread = probe_spread(rows)
     print(
         "speed probes, slowest / fastest: "
@@ -355,15 +446,31 @@ def main() -> int:
             "command": shlex.join(["python", *sys.argv]),
             "date": datetime.date.today().isoformat(),
             "machine": f"{platform.machine()}, {platform.node()}",
-            "index_compiled": index.compiled,
+            "index_compiled": compiled,
             "clock": args.clock,
+            "concurrent": bool(args.concurrent),
             "rows": rows,
             "ratios_hybrid_over_no_buffer": ratios,
+            "ratios_per_round": each,
             "speed_probe_spread": spread,
         }
         args.json.write_text(json.dumps(out, indent=2) + "\n")
         print(f"wrote {args.json}")
     return 0
+
+
+def ratios_of(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """hybrid / no_buffer per-pass cache time (p50, p99, mean) of one replay of each, if both."""
+    by = {r["cache"]: r for r in rows}
+    if "hybrid" not in by or "no_buffer" not in by:
+        return {}
+    h, n = by["hybrid"], by["no_buffer"]
+    keys = ("cache_us_p50", "cache_us_p99", "cache_us_mean")
+    return {k: h[k] / n[k] if n[k] else float("inf") for k in keys}
+
+
+def format_ratios(ratios: dict[str, float]) -> str:
+    return ", ".join(f"{k.removeprefix('cache_us_')} {v:.2f}x" for k, v in ratios.items())
 
 
 def probe_spread(rows: list[dict[str, Any]]) -> dict[str, float]:

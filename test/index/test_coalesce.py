@@ -279,3 +279,26 @@ def test_resume_epoch_ignores_device_pressure_but_not_new_resume_points() -> Non
     idx.delete_snapshot(s)
     assert idx.resume_epoch != moved
     idx.check_integrity()
+
+
+def test_commit_moves_no_resume_point() -> None:
+    """A prefill chunk's commit adds blocks that hold no snapshot and ends no fill: every match's
+    best snapshot stays, and so does ``resume_epoch`` (the coalescer keeps its matches across a
+    sibling's chunk passes)."""
+    idx, dev = make_index(host_slabs=60, slots=4), Device()
+    ids = list(range(1, 400))
+    (s,) = run(idx, dev, ids, taps=[256], endpoint=False)
+    before, epoch = idx.resume_epoch, idx.epoch
+    longer = ids + list(range(1000, 1400))  # 799 tokens: 12 full blocks
+    k = key(longer)
+    m = idx.match(k)
+    assert m.best is s
+    lane = idx.open_lane(m, s)
+    idx.unpin_sources(lane)
+    assert idx.commit(lane, k, 640, lambda b: dev.new())  # a chunk: blocks 6-9 are new
+    assert idx.epoch != epoch and idx.resume_epoch == before
+    assert idx.match(key(longer + [7])).best is s
+    assert idx.commit(lane, k, len(longer), lambda b: dev.new())  # the next chunk
+    assert idx.resume_epoch == before
+    idx.release(lane)
+    idx.check_integrity()

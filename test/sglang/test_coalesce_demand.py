@@ -12,7 +12,7 @@ import random
 from types import SimpleNamespace
 
 from sglang_hybrid.index import CostModel
-from sglang_hybrid.sglang.coalesce import FULL_SYNC_EVERY, Coalescer
+from sglang_hybrid.sglang.coalesce import FULL_SYNC_EVERY, Coalescer, admits_nothing
 from sglang_hybrid.sglang.request import waiting_key
 
 
@@ -63,3 +63,36 @@ def test_demand_follows_the_waiting_queue() -> None:
     # The O(queue) reconcile runs only for what the count flags (aborts, sorts) and the periodic
     # full sync, not at every change.
     assert reconciles[0] < co._syncs / 3, (reconciles[0], co._syncs)
+
+
+def test_admits_nothing_mirrors_sglangs_early_return() -> None:
+    """The admission hook skips a pass only where SGLang 0.5.23's ``_get_new_batch_prefill_raw``
+    returns before reading the queue; anything else (a chunked request, a batch that is not full,
+    the resets SGLang makes first, attributes it does not recognise) is a pass that admits."""
+
+    class Batch:
+        def __init__(self, full: bool, empty: bool = False) -> None:
+            self.batch_is_full, self._empty = full, empty
+
+        def is_empty(self) -> bool:
+            return self._empty
+
+    def sched(**kw: object) -> SimpleNamespace:
+        base = {
+            "waiting_queue": [object()],
+            "chunked_req": None,
+            "enable_priority_preemption": False,
+            "is_hybrid_swa": False,
+        }
+        return SimpleNamespace(**{**base, **kw})
+
+    full = Batch(full=True)
+    assert admits_nothing(sched(), full)
+    assert admits_nothing(sched(waiting_queue=[]), Batch(full=False))  # nothing to admit
+    assert not admits_nothing(sched(), Batch(full=False))
+    assert not admits_nothing(sched(chunked_req=object()), full)  # its next chunk runs
+    assert not admits_nothing(sched(enable_priority_preemption=True), full)  # flag reset first
+    assert not admits_nothing(sched(is_hybrid_swa=True), full)
+    assert not admits_nothing(sched(), Batch(full=True, empty=True))  # so is an empty batch's
+    unknown = SimpleNamespace(waiting_queue=[object()], chunked_req=None)
+    assert not admits_nothing(unknown, full)  # unrecognised: decided as usual

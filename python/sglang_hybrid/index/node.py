@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
@@ -34,7 +34,7 @@ class FastResidency:
     FILLING: Final = Residency.FILLING
 
 
-@dataclass(slots=True, eq=False)
+@dataclass(slots=True, eq=False, init=False)
 class BlockNode:
     """Block ``depth`` of every prompt whose path runs through here: positions [64d, 64d+64)."""
 
@@ -50,42 +50,76 @@ class BlockNode:
     # no dict. Two or more: ``children`` by lookup_hash, collisions chained via hash_next. A dict
     # per chain node was a third of a block's memory and one more object for the cyclic GC to
     # track (issue #15); the representation follows ``n_children`` exactly (``check_integrity``).
-    only_child: BlockNode | None = None
-    children: dict[int, BlockNode] | None = None
-    hash_next: BlockNode | None = None
-    n_children: int = 0
+    only_child: BlockNode | None
+    children: dict[int, BlockNode] | None
+    hash_next: BlockNode | None
+    n_children: int
     # Device copy: an opaque handle owned by the binding (SGLang: the block's KV slot ids). Only
     # changed by ``PrefixIndex.commit`` (a lane's page becomes the copy), ``ResidencyTracker``
     # (attach, drop, delete) and ``HostTransfers.finish_node_fill`` (Filling -> Resident).
-    device: object | None = None
-    device_state: Residency = Residency.ABSENT
+    device: object | None
+    device_state: Residency
     # Host copy: a slab of the index's ``HostSlabPool``. Only changed by ``HostTransfers``
     # (write-through), ``PrefixIndex.drop_node_host`` / ``delete_subtree`` and
     # ``PrefixIndex.adopt_node`` (a restart, §5.5).
-    host_slab: int = -1
-    host_state: Residency = Residency.ABSENT
+    host_slab: int
+    host_state: Residency
     # Liveness (§5.2). active_refs: lanes mapping this node; only changed by
     # ``ResidencyTracker.ref`` / ``release_path`` and ``PrefixIndex.commit`` (a new node starts
     # with its lane's ref). restore_pins: transfers touching it; only changed by
     # ``HostTransfers`` (fills, prefetch pins).
-    active_refs: int = 0
-    restore_pins: int = 0
+    active_refs: int
+    restore_pins: int
     # Path counters, per branch: snapshots anchored here + children whose own count is nonzero.
     # Zero exactly when no (retained) snapshot's path includes this node, which is all §9.3 and
     # §9.4 ask; counting branches lets an update stop at the first ancestor already counted.
     # Only changed by ``path_counts`` (live: ``add_live``; retained: ``add_retained`` /
     # ``remove_retained``).
-    live_snapshots_below: int = 0
-    retained_below: int = 0
+    live_snapshots_below: int
+    retained_below: int
     # Nodes with >= 2 children in this subtree (Boundary rule, §9.3); only changed by BlockTree.
-    forks_below: int = 0
+    forks_below: int
     # The tick of its last pin or hit; only changed by ``PrefixIndex`` (open_lane, commit, touch).
-    last_access: int = 0
+    last_access: int
     # End of the latest prompt whose last WINDOW_TOKENS ran through here (``followups``); only
     # changed by ``PrefixIndex.release``.
-    prompt_end: int = 0
+    prompt_end: int
     # Snapshots anchored here; only changed by ``PrefixIndex`` (link and delete a snapshot).
-    snapshots: list[Snapshot] | None = field(default=None)
+    snapshots: list[Snapshot] | None
+
+    # Written out, not generated: mypyc compiles this one, while the ``__init__`` ``dataclass``
+    # generates stays interpreted (~0.9 us a node; commit creates one per new block, issue #15).
+    def __init__(
+        self,
+        id: int,
+        parent: BlockNode | None,
+        depth: int,
+        lookup_hash: int,
+        extra: int,
+        tokens: bytes,
+    ) -> None:
+        self.id = id
+        self.parent = parent
+        self.depth = depth
+        self.lookup_hash = lookup_hash
+        self.extra = extra
+        self.tokens = tokens
+        self.only_child = None
+        self.children = None
+        self.hash_next = None
+        self.n_children = 0
+        self.device = None
+        self.device_state = FastResidency.ABSENT
+        self.host_slab = -1
+        self.host_state = FastResidency.ABSENT
+        self.active_refs = 0
+        self.restore_pins = 0
+        self.live_snapshots_below = 0
+        self.retained_below = 0
+        self.forks_below = 0
+        self.last_access = 0
+        self.prompt_end = 0
+        self.snapshots = None
 
     @property
     def is_root(self) -> bool:

@@ -123,8 +123,9 @@ class PrefixIndex:
         self.tick = 0  # the order of pins, hits, publications and supersessions
         # Bumps whenever a quote may have gone stale (§6.3); also bumped by ``transfers``.
         self.epoch = 0
-        # The bumps of ``epoch`` made by dropping device copies and deleting subtrees: what
-        # ``resume_epoch`` leaves out. Only note_pressure changes it.
+        # The bumps of ``epoch`` that move no resume point (device copies dropped, subtrees
+        # deleted, blocks committed): what ``resume_epoch`` leaves out. Only note_pressure
+        # changes it.
         self._pressure_bumps = 0
         self.stats = IndexStats()
         self._next_snapshot = 1
@@ -221,8 +222,9 @@ class PrefixIndex:
     ) -> list[tuple[int, BlockNode, CommitKind]]:
         """Blocks [committed, upto // 64) of the lane become tree nodes it holds (§7.6).
 
-        ``device_of(b)`` gives the lane's device handle of block ``b``; it is called only for
-        blocks whose page the tree takes (NEW and ADOPTED). The commit stops before a block whose
+        ``device_of(i)`` gives the lane's device handle of the i-th block this call commits
+        (block ``committed + i``); it is called only for blocks whose page the tree takes (NEW
+        and ADOPTED). The commit stops before a block whose
         device copy is still landing (a restore or prefetch in flight): the lane's own copy could
         not be swapped for it yet; the next commit of the lane resumes there.
         """
@@ -237,6 +239,7 @@ class PrefixIndex:
         tree, path, ref = self.tree, lane.path, self.residency.ref
         out: list[tuple[int, BlockNode, CommitKind]] = []
         parent = path[-1] if path else tree.root
+        taken = 0  # blocks whose page the tree took
         self.tick += 1
         tick, new, dup, adopted = (
             self.tick,
@@ -252,10 +255,11 @@ class PrefixIndex:
                 # A new node is pinned by this lane and device-only: in neither the LRU nor the
                 # dead list, as ``residency.node_changed`` would find (its copy is counted below).
                 node = tree.add_child(parent, h, tokens, x)
-                node.device, node.device_state = device_of(b), R.RESIDENT
+                node.device, node.device_state = device_of(b - start), R.RESIDENT
                 node.active_refs, node.last_access = 1, tick
                 path.append(node)
                 out.append((b, node, new))
+                taken += 1
                 parent = node
                 continue
             if node.device_state is R.FILLING:
@@ -265,11 +269,14 @@ class PrefixIndex:
             node.last_access = tick
             path.append(node)
             if kind is adopted:
-                node.device, node.device_state = device_of(b), R.RESIDENT
+                node.device, node.device_state = device_of(b - start), R.RESIDENT
+                taken += 1
             out.append((b, node, kind))
             parent = node
-        self.residency.count_device(BLOCK_TOKENS * sum(1 for _, _, k in out if k is not dup))
-        self.epoch += 1
+        self.residency.count_device(BLOCK_TOKENS * taken)
+        # No match's best snapshot moves: new nodes hold no snapshot, and a commit ends no fill
+        # (it stops at a Filling block). So a prefill chunk leaves ``resume_epoch`` alone.
+        self.note_pressure(1)
         return out
 
     def release(self, lane: Lane) -> None:
@@ -471,7 +478,7 @@ class PrefixIndex:
 
     def note_pressure(self, bumps: int) -> None:
         """``bumps`` changes that move no resume point (device copies dropped, blocks deleted
-        under pressure): ``epoch`` moves, ``resume_epoch`` does not."""
+        under pressure, blocks committed): ``epoch`` moves, ``resume_epoch`` does not."""
         self.epoch += bumps
         self._pressure_bumps += bumps
 

@@ -73,9 +73,6 @@ logger = logging.getLogger(__name__)
 
 
 class HybridRadixCache(BasePrefixCache):
-    # The scheduler bind_scheduler last saw (set by plugin._before_next_batch; unset before)
-    _bound_to: Any
-
     def __init__(
         self,
         params: CacheInitParams,
@@ -129,6 +126,7 @@ class HybridRadixCache(BasePrefixCache):
         # Overlap scheduling (SGLang's event_loop_overlap): set from the scheduler before its
         # first pass (``bind_scheduler``).
         self.overlap = False
+        self.bound_to: Scheduler | None = None  # the scheduler ``bind_scheduler`` last saw
         self.coalescer = Coalescer(self) if options.coalesce and not self.disable else None
         self.recent = Recent()  # the sequences released last, for GET /slots
         self._tp_group = getattr(params, "tp_cache_group", None)  # the host tier's MIN poll
@@ -195,6 +193,7 @@ class HybridRadixCache(BasePrefixCache):
         ordered on the forward stream, so it lands after the pass that produced its source and
         before the next pass that writes it (the scheduler thread's own stream is the schedule
         stream there)."""
+        self.bound_to = scheduler
         self.overlap = bool(getattr(scheduler, "enable_overlap", False))
         stream = getattr(scheduler, "forward_stream", None) if self.overlap else None
         if stream is not None and self.device.type == "cuda":
@@ -494,6 +493,9 @@ class HybridRadixCache(BasePrefixCache):
 
     def capture_pass_ends(self, batch: ScheduleBatch | None) -> None:
         self.publisher.capture_pass_ends(batch)
+
+    def count_rounds(self, batch: ScheduleBatch | None, *, launched: bool) -> None:
+        Publisher.count_rounds(batch, launched=launched)
 
     # ================================================================ load-back (``load_back``)
     def init_load_back(self, params: InitLoadBackParams) -> tuple[int, MatchHandle] | None:

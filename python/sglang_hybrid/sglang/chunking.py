@@ -25,11 +25,14 @@ Requests the cache does not plan for (no ``req.hybrid`` state) are left alone.
 from __future__ import annotations
 
 import dataclasses
+import sys
 from typing import Any
 
 from ..index import BLOCK_TOKENS
 from .pages import ceil_to
 from .request import ATTR
+
+_POLICY = "sglang.srt.managers.schedule_policy"
 
 
 def _cut(req: Any, prefix: int, end: int, natural_cut: bool) -> int | None:
@@ -59,9 +62,10 @@ def tail_pages(req: Any, page_size: int) -> int:
 
 
 def after_select_admission(result: Any, adder: Any, req: Any, *args: Any, **kwargs: Any) -> Any:
-    from sglang.srt.managers.schedule_policy import AddReqResult, _PrefillAdmission
-
-    if not isinstance(result, _PrefillAdmission):
+    # The hooked method's own module is loaded; ``sys.modules`` spares the import machinery's
+    # microsecond on every candidate of every pass (``plugin._cache_of``).
+    policy = sys.modules[_POLICY]
+    if not isinstance(result, policy._PrefillAdmission):
         return None
     note = getattr(adder.tree_cache, "note_adder", None)
     if note is not None:
@@ -73,14 +77,14 @@ def after_select_admission(result: Any, adder: Any, req: Any, *args: Any, **kwar
     # immediate need is checked: the output budget already covers as much in most requests, and
     # a request that fits an idle pool is never refused here.
     if extra and budget is not None and result.extend_len + extra >= budget.remaining_current:
-        return AddReqResult.NO_TOKEN
+        return policy.AddReqResult.NO_TOKEN
     end = result.prefix_len + result.extend_len
     new_end = _cut(req, result.prefix_len, end, result.is_chunked)
     chunked = result.is_chunked or new_end is not None
     if chunked and (kwargs.get("has_chunked_req") or adder.new_chunked_req is not None):
         # SGLang tracks one chunked request per pass and relies on a cut spending the whole
         # chunk budget; a clamped chunk leaves budget over, so any second cut waits instead.
-        return AddReqResult.OTHER
+        return policy.AddReqResult.OTHER
     if new_end is None:
         return None
     return dataclasses.replace(

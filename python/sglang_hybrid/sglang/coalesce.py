@@ -16,11 +16,16 @@ when a count check flags what SGLang's append-and-admit order does not explain, 
 another waiting prompt becomes an exact Boundary tap, so the rest of its group, admitted passes
 later, resumes there (``demand_cut``).
 
+Per pass the work is O(window) when the window and the resume points are unchanged; after a
+sibling's chunk pass or a publication only the requests that had a sibling are decided again
+(``_redecide``); a changed window is walked (``_walk``, O(blocks of the prompts new to it)). A pass
+in which SGLang admits nothing (``admits_nothing``) is not looked at.
+
 Held requests go back into the queue at their positions after the pass, so nothing behind them
 waits for them, and nothing is pinned or allocated while they wait. A request stops waiting as
 soon as the sibling's snapshot is servable, the sibling passes the target (its tap was skipped),
-finishes or leaves, or after ``MAX_HOLD_PASSES`` passes. Multimodal requests, requests in a
-namespace (LoRA, cache salt) and requests the cache does not insert never coalesce.
+finishes or leaves, or after ``MAX_HOLD_PASSES`` admitting passes. Multimodal requests, requests
+in a namespace (LoRA, cache salt) and requests the cache does not insert never coalesce.
 """
 
 from __future__ import annotations
@@ -74,6 +79,11 @@ class Coalescer:
         # same window; ``InflightPrefixes.begin``). Keyed by rid: equal on every rank.
         self._inflight: InflightPrefixes[Any] = InflightPrefixes()
         self._window_seen: tuple[Any, ...] = ()
+        # The last walk's (chunked rid, window rids) and the requests it found a sibling for,
+        # in window order (``_redecide``).
+        self._walked: tuple[Any, ...] = ()
+        self._siblings: list[tuple[Any, PromptKey, Sibling]] = []
+        self._servable: dict[str, tuple[int, int]] = {}  # rid -> (resume_epoch, frontier)
         self._held: list[Any] = []  # the last decision, reused while nothing changed
         # Held rids since the last ``take_held``, kept only for the rank check (``record_held``):
         # nothing else drains it, so it is not recorded otherwise.
@@ -92,7 +102,7 @@ class Coalescer:
             queue = [r for r in queue if r.rid not in exclude]
         if not queue:
             self.holds.clear()
-            self._held, self._window_seen = [], ()
+            self._held, self._window_seen, self._walked = [], (), ()
             return []
         chunked = getattr(scheduler, "chunked_req", None)
         window = self._window(scheduler, queue)
@@ -117,29 +127,82 @@ class Coalescer:
             self._note_held(self._held)
             return list(self._held)
         self._window_seen = seen
+        if (seen[0], seen[3]) == self._walked:
+            held = self._redecide(scheduler, chunked)
+            if held is not None:
+                return held
+        return self._walk(scheduler, window, chunked, (seen[0], seen[3]))
+
+    def _walk(
+        self, scheduler: Any, window: list[Any], chunked: Any, walked: tuple[Any, ...]
+    ) -> list[Any]:
+        """Decide the window in order: each request's sibling is the earliest deepest sharer
+        among the chunked request and the window's requests before it that are not held."""
         inflight = self._inflight
         inflight.begin()
+        self._servable.clear()  # kept for the window's requests only (it is rebuilt below)
         if chunked is not None and (key := waiting_key(chunked)) is not None:
             inflight.add(chunked.rid, chunked, key)
         held: list[Any] = []
         holds: dict[str, int] = {}
         asked: dict[tuple[Any, int], int] = {}
+        siblings: list[tuple[Any, PromptKey, Sibling]] = []
         for req in window:
             key = waiting_key(req)
             if key is None:
                 continue
             sib = inflight.sibling(key)
-            target = self._target(key, sib, chunked) if sib is not None else None
-            passes = self.holds.get(req.rid, 0)
-            if target is not None and sib is not None and passes < MAX_HOLD_PASSES:
-                if not passes:
-                    self.waiters_total += 1
-                self.holds_total += 1
-                holds[req.rid] = passes + 1
+            if sib is not None:
+                siblings.append((req, key, sib))
+                target = self._hold_target(req, key, sib, chunked, holds)
+                if target is not None:
+                    held.append(req)
+                    asked[sib.owner, target] = asked.get((sib.owner, target), 0) + 1
+                    continue  # a held request is never a sibling in its own pass
+            inflight.add(req.rid, req, key)
+        self._walked, self._siblings = walked, siblings
+        return self._settle(scheduler, held, holds, asked)
+
+    def _redecide(self, scheduler: Any, chunked: Any) -> list[Any] | None:
+        """The last walk's window again, only the resume points or the chunked request's progress
+        moved: the siblings found then stand while the same requests are held (a sibling depends
+        on the prompts in flight before a request, which are the window's requests not held), so
+        only their targets are decided again: O(requests with a sibling), no prompt lookups. None
+        when the held requests change: the caller walks the window."""
+        held: list[Any] = []
+        holds: dict[str, int] = {}
+        asked: dict[tuple[Any, int], int] = {}
+        for req, key, sib in self._siblings:
+            target = self._hold_target(req, key, sib, chunked, holds)
+            if target is not None:
                 held.append(req)
                 asked[sib.owner, target] = asked.get((sib.owner, target), 0) + 1
-            else:
-                inflight.add(req.rid, req, key)  # a held request is never a sibling in its own pass
+        if [r.rid for r in held] != [r.rid for r in self._held]:
+            return None
+        return self._settle(scheduler, held, holds, asked)
+
+    def _hold_target(
+        self, req: Any, key: PromptKey, sib: Sibling, chunked: Any, holds: dict[str, int]
+    ) -> int | None:
+        """The frontier ``req`` waits for this pass (its pass count entered in ``holds``), or
+        None to admit it."""
+        target = self._target(req.rid, key, sib, chunked)
+        passes = self.holds.get(req.rid, 0)
+        if target is None or passes >= MAX_HOLD_PASSES:
+            return None
+        holds[req.rid] = passes + 1
+        return target
+
+    def _settle(
+        self,
+        scheduler: Any,
+        held: list[Any],
+        holds: dict[str, int],
+        asked: dict[tuple[Any, int], int],
+    ) -> list[Any]:
+        """Make a decision this pass's: counters, the siblings' cuts, the pass counts."""
+        self.waiters_total += sum(1 for passes in holds.values() if passes == 1)
+        self.holds_total += len(held)
         for (sibling, target), waiters in asked.items():
             self._add_cut(sibling, target, waiters)
         self.holds = holds
@@ -170,9 +233,17 @@ class Coalescer:
             budget -= len(req.origin_input_ids)
         return window
 
-    def _target(self, key: PromptKey, sib: Sibling, chunked: Any) -> int | None:
-        m = self.cache.index.match(key)
-        servable = m.best.frontier if m.best is not None else 0
+    def _target(self, rid: str, key: PromptKey, sib: Sibling, chunked: Any) -> int | None:
+        # The frontier the cache serves ``rid`` from, kept while no resume point moved: a chunk
+        # pass of the sibling moves the decision's other inputs, not this one (O(path) a match).
+        epoch = self.cache.index.resume_epoch
+        seen = self._servable.get(rid)
+        if seen is not None and seen[0] == epoch:
+            servable = seen[1]
+        else:
+            m = self.cache.index.match(key)
+            servable = m.best.frontier if m.best is not None else 0
+            self._servable[rid] = (epoch, servable)
         sibling = sib.owner
         done = int(getattr(sibling, "prefix_len", 0) or 0) if sibling is chunked else 0
         return coalesce_target(
@@ -316,6 +387,8 @@ def around_prefill_pass(
 
     The caller (``plugin.py``) checks that ``cache`` is ours: ``cache.py`` imports this module,
     so this module does not import it back."""
+    if admits_nothing(scheduler, kwargs.get("running_batch", args[-1] if args else None)):
+        return orig(scheduler, *args, **kwargs)
     held = cache.held_for_restores(scheduler.waiting_queue)
     if cache.coalescer is not None:
         # A restoring request neither coalesces nor is anyone's sibling this pass.
@@ -339,3 +412,23 @@ def around_prefill_pass(
         scheduler.waiting_queue = [r for r in order if id(r) in held_ids or id(r) in left_ids] + [
             r for r in left if id(r) not in known
         ]
+
+
+def admits_nothing(scheduler: Any, running_batch: Any) -> bool:
+    """Whether this admission pass returns before it reads the waiting queue: the queue is empty,
+    or the running batch is full, with no chunked request (SGLang 0.5.23's first check in
+    ``_get_new_batch_prefill_raw``, after the two resets it makes before it). A long queue behind
+    a full pool makes most passes such a pass, and holding requests out of it changes nothing;
+    their hold counts wait for the next pass that admits. Anything unrecognised reads as a pass
+    that admits (the hold is decided as usual)."""
+    if getattr(scheduler, "chunked_req", None) is not None:
+        return False
+    if not scheduler.waiting_queue:
+        return True
+    if not getattr(running_batch, "batch_is_full", False):
+        return False
+    if getattr(scheduler, "enable_priority_preemption", True) or getattr(
+        scheduler, "is_hybrid_swa", True
+    ):
+        return False  # SGLang resets the flag first
+    return not running_batch.is_empty()  # so does an empty batch

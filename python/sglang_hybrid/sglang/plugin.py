@@ -9,12 +9,18 @@ them once after all plugins loaded. Everything here is plumbing; policy lives in
 from __future__ import annotations
 
 import logging
-from typing import Any
+import sys
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .cache import HybridRadixCache
 
 logger = logging.getLogger(__name__)
 
 _SA = "sglang.srt.server_args.ServerArgs"
 _ADDER = "sglang.srt.managers.schedule_policy.PrefillAdder"
+_CACHE_MODULE = f"{__package__}.cache"
+_COALESCE_MODULE = f"{__package__}.coalesce"
 
 
 def register() -> None:
@@ -295,13 +301,25 @@ def _no_buffer_check(orig: Any, view: Any, *args: Any, **kwargs: Any) -> Any:
 
 
 # ---------------------------------------------------------------- scheduler
+def _cache_of(scheduler: Any) -> HybridRadixCache | None:
+    """The scheduler's cache if it is ours, else None.
+
+    Several of these hooks run on every scheduler pass, and a function-level ``from .cache
+    import`` costs about a microsecond each time (the import machinery runs even for a loaded
+    module), so the class is read from ``sys.modules``: where ``cache.py`` was never imported,
+    no cache is ours."""
+    module = sys.modules.get(_CACHE_MODULE)
+    cache = getattr(scheduler, "tree_cache", None)
+    if module is None or not isinstance(cache, module.HybridRadixCache):
+        return None
+    return cache
+
+
 def _before_chunked_abort(orig: Any, scheduler: Any, *args: Any, **kwargs: Any) -> Any:
     """Cancel mid-prefill (§7.7): publish the last computed chunk before SGLang drops it."""
-    from .cache import HybridRadixCache
-
-    cache = getattr(scheduler, "tree_cache", None)
+    cache = _cache_of(scheduler)
     req = getattr(scheduler, "chunked_req", None)
-    if isinstance(cache, HybridRadixCache) and req is not None:
+    if cache is not None and req is not None:
         cache.before_chunked_abort(scheduler, req)
     return orig(scheduler, *args, **kwargs)
 
@@ -309,14 +327,12 @@ def _before_chunked_abort(orig: Any, scheduler: Any, *args: Any, **kwargs: Any) 
 def _around_prefill_pass(orig: Any, scheduler: Any, *args: Any, **kwargs: Any) -> Any:
     """An admission pass with coalescing requests held out of it (§12.2, ``coalesce.py``); after
     it, a head that could not start prefetches its host blocks (§6.6)."""
-    from .cache import HybridRadixCache
-    from .coalesce import around_prefill_pass
-
-    cache = getattr(scheduler, "tree_cache", None)
-    if not isinstance(cache, HybridRadixCache):
+    cache = _cache_of(scheduler)
+    if cache is None:
         return orig(scheduler, *args, **kwargs)
     cache.note_adder(None)  # this pass's adder is noted when it selects a candidate
-    result = around_prefill_pass(cache, orig, scheduler, *args, **kwargs)
+    coalesce = sys.modules[_COALESCE_MODULE]  # imported by cache.py, as the class above
+    result = coalesce.around_prefill_pass(cache, orig, scheduler, *args, **kwargs)
     if cache.host_tier is not None:
         queue = scheduler.waiting_queue
         if queue:
@@ -326,10 +342,8 @@ def _around_prefill_pass(orig: Any, scheduler: Any, *args: Any, **kwargs: Any) -
 
 def _after_flush(flushed: Any, scheduler: Any, *args: Any, **kwargs: Any) -> None:
     """The cache takes its snapshot slots back right after a flush (``after_flush``)."""
-    from .cache import HybridRadixCache
-
-    cache = getattr(scheduler, "tree_cache", None)
-    if flushed and isinstance(cache, HybridRadixCache):
+    cache = _cache_of(scheduler)
+    if flushed and cache is not None:
         cache.after_flush()
 
 
@@ -337,13 +351,10 @@ def _before_next_batch(scheduler: Any, *args: Any, **kwargs: Any) -> None:
     """Once per scheduler iteration, on every rank: retire the host copies all ranks finished
     (``HostTier.poll``) before the batch is chosen. The first time, the cache learns how the
     scheduler runs (overlap scheduling, its forward stream: ``bind_scheduler``)."""
-    from .cache import HybridRadixCache
-
-    cache = getattr(scheduler, "tree_cache", None)
-    if isinstance(cache, HybridRadixCache):
-        if getattr(cache, "_bound_to", None) is not scheduler:
+    cache = _cache_of(scheduler)
+    if cache is not None:
+        if cache.bound_to is not scheduler:
             cache.bind_scheduler(scheduler)
-            cache._bound_to = scheduler
         cache.poll()
 
 
@@ -351,12 +362,9 @@ def _after_run_batch(result: Any, scheduler: Any, batch: Any, *args: Any, **kwar
     """A pass was launched: under overlap scheduling the cache copies the states at its requests'
     pass ends now, before the next pass is launched (``Publisher.capture_pass_ends``); a
     speculative round is counted (``Publisher.count_rounds``)."""
-    from .cache import HybridRadixCache
-    from .publish import Publisher
-
-    cache = getattr(scheduler, "tree_cache", None)
-    if isinstance(cache, HybridRadixCache):
-        Publisher.count_rounds(batch, launched=True)
+    cache = _cache_of(scheduler)
+    if cache is not None:
+        cache.count_rounds(batch, launched=True)
         if cache.overlap:
             cache.capture_pass_ends(batch)
 
@@ -365,11 +373,9 @@ def _before_batch_result(scheduler: Any, batch: Any, *args: Any, **kwargs: Any) 
     """A pass's result is processed: its speculative round is counted as seen."""
     if batch is None or batch.spec_algorithm.is_none():
         return  # every pass calls this: nothing to count without speculation
-    from .cache import HybridRadixCache
-    from .publish import Publisher
-
-    if isinstance(getattr(scheduler, "tree_cache", None), HybridRadixCache):
-        Publisher.count_rounds(batch, launched=False)
+    cache = _cache_of(scheduler)
+    if cache is not None:
+        cache.count_rounds(batch, launched=False)
 
 
 def _after_next_batch(plan: Any, scheduler: Any, *args: Any, **kwargs: Any) -> None:

@@ -27,7 +27,7 @@ from ..index import (
     SnapshotKind,
     TapSource,
 )
-from ..store.device import handles_to_slots, slots_to_handle
+from ..store.device import block_handles, handles_to_slots, slots_to_handle
 from .hints import pins_endpoint, tap_hints
 from .pages import alloc_evicting, ceil_to
 from .request import ATTR, InPassTap, MatchHandle, ReqState, key_for
@@ -168,15 +168,11 @@ class Publisher:
         end = up_to // BLOCK_TOKENS
         if end <= start:
             return
-        seg = slots_to_handle(row[BLOCK_TOKENS * start : BLOCK_TOKENS * end])
-        bb = 4 * BLOCK_TOKENS
-
-        def device_of(b: int) -> bytes:
-            return seg[(b - start) * bb : (b - start + 1) * bb]
-
+        # One handle per block, split in C; the index takes the ones it keeps by position.
+        handles = block_handles(row[BLOCK_TOKENS * start : BLOCK_TOKENS * end])
         dups = [
             (b, node)
-            for b, node, kind in self.cache.index.commit(lane, key, up_to, device_of)
+            for b, node, kind in self.cache.index.commit(lane, key, up_to, handles.__getitem__)
             if kind is CommitKind.DUPLICATE
         ]
         if dups:

@@ -15,10 +15,21 @@ from typing import Any, Protocol, cast
 import numpy as np
 import torch
 
+from ..index.keys import BLOCK_TOKENS
+
 
 def slots_to_handle(slots: torch.Tensor) -> bytes:
     """KV slot ids (any integer tensor) as the packed int32 handle the index keeps."""
     return slots.to(device="cpu", dtype=torch.int32).numpy().tobytes()
+
+
+def block_handles(slots: torch.Tensor) -> list[bytes]:
+    """The handles of consecutive 64-token blocks (``slots``: their KV slot ids, in order), one
+    per block: ``slots_to_handle`` of each block's slots, split in C (a chunk's commit takes
+    ~128)."""
+    data = slots_to_handle(slots)
+    handles: list[bytes] = np.frombuffer(data, dtype=f"V{4 * BLOCK_TOKENS}").tolist()
+    return handles  # a void element's ``tolist`` value is its bytes
 
 
 # The index keeps device handles opaque (``object``: ``BlockNode.device``, ``tail_device``); every
