@@ -79,9 +79,8 @@ class Coalescer:
         # same window; ``InflightPrefixes.begin``). Keyed by rid: equal on every rank.
         self._inflight: InflightPrefixes[Any] = InflightPrefixes()
         self._window_seen: tuple[Any, ...] = ()
-        # The last walk's (chunked rid, window rids) and the requests it found a sibling for,
-        # in window order (``_redecide``).
-        self._walked: tuple[Any, ...] = ()
+        # The requests the last walk found a sibling for, in window order (``_redecide``); its
+        # window is ``_window_seen``'s (a redecision keeps the window, a new window is walked).
         self._siblings: list[tuple[Any, PromptKey, Sibling]] = []
         self._servable: dict[str, tuple[int, int]] = {}  # rid -> (resume_epoch, frontier)
         self._held: list[Any] = []  # the last decision, reused while nothing changed
@@ -102,7 +101,7 @@ class Coalescer:
             queue = [r for r in queue if r.rid not in exclude]
         if not queue:
             self.holds.clear()
-            self._held, self._window_seen, self._walked = [], (), ()
+            self._held, self._window_seen = [], ()
             return []
         chunked = getattr(scheduler, "chunked_req", None)
         window = self._window(scheduler, queue)
@@ -126,16 +125,14 @@ class Coalescer:
             self.holds_total += len(self._held)
             self._note_held(self._held)
             return list(self._held)
-        self._window_seen = seen
-        if (seen[0], seen[3]) == self._walked:
+        last, self._window_seen = self._window_seen, seen
+        if last and (last[0], last[3]) == (seen[0], seen[3]):  # the same chunked rid and window
             held = self._redecide(scheduler, chunked)
             if held is not None:
                 return held
-        return self._walk(scheduler, window, chunked, (seen[0], seen[3]))
+        return self._walk(scheduler, window, chunked)
 
-    def _walk(
-        self, scheduler: Any, window: list[Any], chunked: Any, walked: tuple[Any, ...]
-    ) -> list[Any]:
+    def _walk(self, scheduler: Any, window: list[Any], chunked: Any) -> list[Any]:
         """Decide the window in order: each request's sibling is the earliest deepest sharer
         among the chunked request and the window's requests before it that are not held."""
         inflight = self._inflight
@@ -160,7 +157,7 @@ class Coalescer:
                     asked[sib.owner, target] = asked.get((sib.owner, target), 0) + 1
                     continue  # a held request is never a sibling in its own pass
             inflight.add(req.rid, req, key)
-        self._walked, self._siblings = walked, siblings
+        self._siblings = siblings
         return self._settle(scheduler, held, holds, asked)
 
     def _redecide(self, scheduler: Any, chunked: Any) -> list[Any] | None:
