@@ -73,27 +73,28 @@ def test_a_commit_stops_before_a_block_still_filling() -> None:
     (a prefetch or restore in flight): the lane cannot swap its own copy for that one yet, so the
     commit stops before it (found by the reliability suite: a chunked request deduplicated onto
     prefetched pages whose copy had not run, and read them at its next pass)."""
-    from sglang_hybrid.index import CommitKind
-
     idx, m, _, _ = _setup()
     node = m.path[3]
     idx.transfers.begin_node_fill(node, "dst")
     k = key(X[:400])
     lane = idx.open_lane(idx.match(k), None)
     dev = Device()
-    got = idx.commit(lane, k, 6 * 64, lambda b: dev.new())
-    assert [(b, kind) for b, _, kind in got] == [
-        (0, CommitKind.DUPLICATE),
-        (1, CommitKind.DUPLICATE),
-        (2, CommitKind.ADOPTED),
-    ]
-    assert len(lane.path) == 3
+    given: list[object] = []
+
+    def device_of(i: int) -> object:
+        given.append(dev.new())
+        return given[-1]
+
+    dups = idx.commit(lane, k, 6 * 64, device_of)
+    # blocks 0 and 1 are on the device: duplicates; block 2 is host-only: it adopts the page
+    assert [(b, n) for b, n in dups] == [(0, m.path[0]), (1, m.path[1])]
+    assert len(lane.path) == 3 and len(given) == 1
+    assert lane.path[2] is m.path[2] and m.path[2].device == given[0]
+    assert m.path[2].device_state is Residency.RESIDENT
     idx.transfers.finish_node_fill(node)
-    got = idx.commit(lane, k, 6 * 64, lambda b: dev.new())  # the next pass resumes there
-    assert [(b, kind) for b, _, kind in got] == [
-        (3, CommitKind.DUPLICATE),
-        (4, CommitKind.ADOPTED),
-        (5, CommitKind.ADOPTED),
-    ]
+    dups = idx.commit(lane, k, 6 * 64, device_of)  # the next pass resumes there
+    assert [b for b, _ in dups] == [3]
+    assert len(lane.path) == 6 and len(given) == 3
+    assert [n.device for n in lane.path[4:]] == given[1:]
     idx.release(lane)
     idx.check_integrity()

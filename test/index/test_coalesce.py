@@ -295,10 +295,12 @@ def test_commit_moves_no_resume_point() -> None:
     assert m.best is s
     lane = idx.open_lane(m, s)
     idx.unpin_sources(lane)
-    assert idx.commit(lane, k, 640, lambda b: dev.new())  # a chunk: blocks 6-9 are new
+    dups = idx.commit(lane, k, 640, lambda b: dev.new())  # a chunk: blocks 6-9 are new
+    assert [b for b, _ in dups] == [4, 5] and len(lane.path) == 10
     assert idx.epoch != epoch and idx.resume_epoch == before
     assert idx.match(key(longer + [7])).best is s
-    assert idx.commit(lane, k, len(longer), lambda b: dev.new())  # the next chunk
+    assert idx.commit(lane, k, len(longer), lambda b: dev.new()) == []  # the next chunk
+    assert len(lane.path) == 12
     assert idx.resume_epoch == before
     idx.release(lane)
     idx.check_integrity()

@@ -26,7 +26,7 @@ from .keys import BLOCK_TOKENS, PromptKey, pack_tokens
 from .lane import Lane
 from .match import Match
 from .node import BlockNode, Residency
-from .prefix_index import CommitKind, IndexStats, PrefixIndex
+from .prefix_index import IndexStats, PrefixIndex
 from .snapshot import Snapshot, SnapshotKind
 from .taps import HintKind, Tap, TapHint, TapPlanner, TapSource
 
@@ -35,7 +35,6 @@ __all__ = [
     "BlockNode",
     "CacheConfig",
     "Candidate",
-    "CommitKind",
     "ConfigError",
     "CostModel",
     "HintKind",

@@ -29,7 +29,6 @@ All bookkeeping is O(1) or O(path); host victim selection is O(snapshots) (§9.3
 
 from __future__ import annotations
 
-import enum
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -56,12 +55,6 @@ from .transfers import HostTransfers
 from .tree import BlockTree
 
 R = FastResidency  # Residency, read faster (node.py)
-
-
-class CommitKind(enum.IntEnum):
-    NEW = 0  # the lane's page became the node's device copy
-    DUPLICATE = 1  # the node already had a device copy; the lane's page stays the lane's
-    ADOPTED = 2  # a host-only node took the lane's page as its device copy
 
 
 @dataclass(slots=True)
@@ -219,14 +212,16 @@ class PrefixIndex:
 
     def commit(
         self, lane: Lane, key: PromptKey, upto: int, device_of: Callable[[int], object]
-    ) -> list[tuple[int, BlockNode, CommitKind]]:
-        """Blocks [committed, upto // 64) of the lane become tree nodes it holds (§7.6).
+    ) -> list[tuple[int, BlockNode]]:
+        """Blocks [committed, upto // 64) of the lane become tree nodes it holds (§7.6); returns
+        the duplicates, ``(block, node)`` for each block the tree already held on the device: the
+        lane's own page for it is the caller's to free (and to map the node's instead).
 
         ``device_of(i)`` gives the lane's device handle of the i-th block this call commits
-        (block ``committed + i``); it is called only for blocks whose page the tree takes (NEW
-        and ADOPTED). The commit stops before a block whose
-        device copy is still landing (a restore or prefetch in flight): the lane's own copy could
-        not be swapped for it yet; the next commit of the lane resumes there.
+        (block ``committed + i``); it is called only for blocks whose page the tree takes (a new
+        node, or a host-only node adopting it). The commit stops before a block whose device copy
+        is still landing (a restore or prefetch in flight): the lane's own copy could not be
+        swapped for it yet; the next commit of the lane resumes there.
         """
         if not lane.enabled or lane.closed:
             return []
@@ -237,16 +232,13 @@ class PrefixIndex:
         data, bb = key.data, BLOCK_BYTES
         extra_of = key.extra if key.has_extras else None
         tree, path, ref = self.tree, lane.path, self.residency.ref
-        out: list[tuple[int, BlockNode, CommitKind]] = []
+        # Only duplicates are reported: a chunk's commit is mostly new blocks, and a record per
+        # block cost the caller a Python loop over ~128 of them per chunk.
+        dups: list[tuple[int, BlockNode]] = []
         parent = path[-1] if path else tree.root
         taken = 0  # blocks whose page the tree took
         self.tick += 1
-        tick, new, dup, adopted = (
-            self.tick,
-            CommitKind.NEW,
-            CommitKind.DUPLICATE,
-            CommitKind.ADOPTED,
-        )
+        tick = self.tick
         for b in range(start, end):
             h, tokens = hashes[b], data[b * bb : (b + 1) * bb]
             x = extra_of(b) if extra_of is not None else 0
@@ -258,26 +250,26 @@ class PrefixIndex:
                 node.device, node.device_state = device_of(b - start), R.RESIDENT
                 node.active_refs, node.last_access = 1, tick
                 path.append(node)
-                out.append((b, node, new))
                 taken += 1
                 parent = node
                 continue
-            if node.device_state is R.FILLING:
+            state = node.device_state
+            if state is R.FILLING:
                 break
-            kind = adopted if node.device_state is R.ABSENT else dup
             ref(node)  # pinned first: an adopted copy never enters the LRU
             node.last_access = tick
             path.append(node)
-            if kind is adopted:
+            if state is R.ABSENT:  # host-only: it adopts the lane's page
                 node.device, node.device_state = device_of(b - start), R.RESIDENT
                 taken += 1
-            out.append((b, node, kind))
+            else:
+                dups.append((b, node))
             parent = node
         self.residency.count_device(BLOCK_TOKENS * taken)
         # No match's best snapshot moves: new nodes hold no snapshot, and a commit ends no fill
         # (it stops at a Filling block). So a prefill chunk leaves ``resume_epoch`` alone.
         self.note_pressure(1)
-        return out
+        return dups
 
     def release(self, lane: Lane) -> None:
         """Drop the lane's refs; its nodes enter the device LRU deepest first (§7.7, §9.1)."""

@@ -83,6 +83,9 @@ class Coalescer:
         # window is ``_window_seen``'s (a redecision keeps the window, a new window is walked).
         self._siblings: list[tuple[Any, PromptKey, Sibling]] = []
         self._servable: dict[str, tuple[int, int]] = {}  # rid -> (resume_epoch, frontier)
+        # The rids of the last walk's window and chunked request (and None: no chunked request)
+        # when no two of their prompts share a full block; empty otherwise (``select``).
+        self._disjoint: frozenset[str | None] = frozenset()
         self._held: list[Any] = []  # the last decision, reused while nothing changed
         # Held rids since the last ``take_held``, kept only for the rank check (``record_held``):
         # nothing else drains it, so it is not recorded otherwise.
@@ -126,6 +129,13 @@ class Coalescer:
             self._note_held(self._held)
             return list(self._held)
         last, self._window_seen = self._window_seen, seen
+        if self._disjoint and self._disjoint.issuperset(seen[3]) and seen[0] in self._disjoint:
+            # The last walk found no two of its prompts sharing a full block, and this pass
+            # knows only them (the head was admitted, the chunked request moved on): still no
+            # sibling anywhere, nothing to hold. O(window), no prompt lookups.
+            self.holds = {}
+            self._held = []
+            return []
         if last and (last[0], last[3]) == (seen[0], seen[3]):  # the same chunked rid and window
             held = self._redecide(scheduler, chunked)
             if held is not None:
@@ -144,6 +154,9 @@ class Coalescer:
         holds: dict[str, int] = {}
         asked: dict[tuple[Any, int], int] = {}
         siblings: list[tuple[Any, PromptKey, Sibling]] = []
+        seen_rids = [r.rid for r in window]
+        if chunked is not None:
+            seen_rids.append(chunked.rid)
         for req in window:
             key = waiting_key(req)
             if key is None:
@@ -158,6 +171,9 @@ class Coalescer:
                     continue  # a held request is never a sibling in its own pass
             inflight.add(req.rid, req, key)
         self._siblings = siblings
+        # No pair of these prompts shares a block (sharing is symmetric, so a walk in any order
+        # finds a sibling where one exists): a later window of only them needs no walk.
+        self._disjoint = frozenset([*seen_rids, None]) if not siblings and not held else frozenset()
         return self._settle(scheduler, held, holds, asked)
 
     def _redecide(self, scheduler: Any, chunked: Any) -> list[Any] | None:

@@ -19,7 +19,6 @@ import torch
 from ..cpu.taps import TAPS_ATTR, TAPS_DONE_ATTR, mark_tap_done
 from ..index import (
     BLOCK_TOKENS,
-    CommitKind,
     Lane,
     Match,
     PromptKey,
@@ -170,11 +169,7 @@ class Publisher:
             return
         # One handle per block, split in C; the index takes the ones it keeps by position.
         handles = block_handles(row[BLOCK_TOKENS * start : BLOCK_TOKENS * end])
-        dups = [
-            (b, node)
-            for b, node, kind in self.cache.index.commit(lane, key, up_to, handles.__getitem__)
-            if kind is CommitKind.DUPLICATE
-        ]
+        dups = self.cache.index.commit(lane, key, up_to, handles.__getitem__)
         if dups:
             # The tree already holds these blocks: free the request's copies, map the tree's.
             blocks = torch.tensor([b for b, _ in dups], device=row.device)

@@ -27,9 +27,9 @@ def block_handles(slots: torch.Tensor) -> list[bytes]:
     """The handles of consecutive 64-token blocks (``slots``: their KV slot ids, in order), one
     per block: ``slots_to_handle`` of each block's slots, split in C (a chunk's commit takes
     ~128)."""
-    data = slots_to_handle(slots)
-    handles: list[bytes] = np.frombuffer(data, dtype=f"V{4 * BLOCK_TOKENS}").tolist()
-    return handles  # a void element's ``tolist`` value is its bytes
+    host = slots.to(device="cpu", dtype=torch.int32).contiguous()  # no copy if it is already
+    handles: list[bytes] = host.numpy().view(f"V{4 * BLOCK_TOKENS}").tolist()
+    return handles  # a void element's ``tolist`` value is its bytes (a copy, not a view)
 
 
 # The index keeps device handles opaque (``object``: ``BlockNode.device``, ``tail_device``); every
