@@ -317,10 +317,12 @@ def _cache_of(scheduler: Any) -> HybridRadixCache | None:
 
 def _before_chunked_abort(orig: Any, scheduler: Any, *args: Any, **kwargs: Any) -> Any:
     """Cancel mid-prefill (§7.7): publish the last computed chunk before SGLang drops it."""
-    cache = _cache_of(scheduler)
-    req = getattr(scheduler, "chunked_req", None)
-    if cache is not None and req is not None:
-        cache.before_chunked_abort(scheduler, req)
+    # Every pass calls this; only one with a cancel pending has anything to publish.
+    if getattr(scheduler, "_pending_chunked_abort_req", None) is not None:
+        cache = _cache_of(scheduler)
+        req = getattr(scheduler, "chunked_req", None)
+        if cache is not None and req is not None:
+            cache.before_chunked_abort(scheduler, req)
     return orig(scheduler, *args, **kwargs)
 
 
@@ -362,9 +364,12 @@ def _after_run_batch(result: Any, scheduler: Any, batch: Any, *args: Any, **kwar
     """A pass was launched: under overlap scheduling the cache copies the states at its requests'
     pass ends now, before the next pass is launched (``Publisher.capture_pass_ends``); a
     speculative round is counted (``Publisher.count_rounds``)."""
+    if batch is None:
+        return
     cache = _cache_of(scheduler)
     if cache is not None:
-        cache.count_rounds(batch, launched=True)
+        if not batch.spec_algorithm.is_none():  # every pass calls this: count only rounds
+            cache.count_rounds(batch, launched=True)
         if cache.overlap:
             cache.capture_pass_ends(batch)
 
