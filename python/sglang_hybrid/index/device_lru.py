@@ -39,10 +39,6 @@ class DeviceLRU:
             tokens = self.unbacked.pop(entry)
         self.tokens -= tokens
 
-    def remove_unbacked(self, entry: Entry) -> None:
-        """``remove`` for an entry known to be in the unbacked list (the eviction fast path)."""
-        self.tokens -= self.unbacked.pop(entry)
-
     def discard(self, entry: Entry) -> None:
         # One pop per list, no membership test first: every block leaving the tree comes here.
         tokens = self.backed.pop(entry, None)
@@ -63,14 +59,18 @@ class DeviceLRU:
         if entry in src:
             dst[entry] = src.pop(entry)
 
-    def peek_victim(self, backed_only: bool = False) -> Entry | None:
-        """The next entry to evict: the backed list's head, else (unless ``backed_only``) the
-        unbacked list's."""
+    def pop_victim(self, backed_only: bool = False) -> tuple[Entry, int] | None:
+        """Remove the next entry to evict and return it with its tokens: the backed list's head,
+        else (unless ``backed_only``) the unbacked list's. One ``popitem`` each: an eviction takes
+        hundreds of victims, and a peek then a keyed pop hashed each one twice."""
         if self.backed:
-            return next(iter(self.backed))
-        if self.unbacked and not backed_only:
-            return next(iter(self.unbacked))
-        return None
+            entry, tokens = self.backed.popitem(last=False)
+        elif self.unbacked and not backed_only:
+            entry, tokens = self.unbacked.popitem(last=False)
+        else:
+            return None
+        self.tokens -= tokens
+        return entry, tokens
 
     def is_backed(self, entry: Entry) -> bool:
         return entry in self.backed

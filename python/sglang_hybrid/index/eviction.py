@@ -48,14 +48,17 @@ def evict_device(index: PrefixIndex, tokens: int, *, backed_only: bool = False) 
     ``backed_only`` never drops a last copy (a prefetch must not, §6.6).
     """
     residency, tree, stats = index.residency, index.tree, index.stats
-    peek = residency.lru.peek_victim
+    pop = residency.lru.pop_victim
     start = residency.device_tokens
     goal = start - tokens
     victims = 0
     while residency.device_tokens > goal:
-        victim = peek(backed_only)
-        if victim is None:
+        # Taken out of the LRU first: what follows drops the device copy, whose LRU removal
+        # (``discard``) then finds nothing to do; the bare leaf's path skips it.
+        popped = pop(backed_only)
+        if popped is None:
             break
+        victim = popped[0]
         victims += 1
         if type(victim) is BlockNode:
             if victim.host_state is R.RESIDENT:
@@ -67,7 +70,7 @@ def evict_device(index: PrefixIndex, tokens: int, *, backed_only: bool = False) 
                 # (``check_integrity`` recomputes what this touches).
                 stats.device_evicted_unbacked += 1
                 stats.subtree_deletions += 1
-                residency.forget_unbacked(victim)
+                residency.forget_evicted(victim)
                 tree.remove_leaf(victim)
             else:
                 stats.device_evicted_unbacked += 1

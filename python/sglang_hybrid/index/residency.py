@@ -146,10 +146,9 @@ class ResidencyTracker:
         self.device_tokens -= s.tail_device_tokens
         s.tail_device, s.tail_device_state = None, R.ABSENT
 
-    def forget_unbacked(self, n: BlockNode) -> None:
-        """:meth:`forget_node` for the device LRU's unbacked victim: a free node whose device
-        copy is its only one (so it is in the unbacked list and, with no host copy, not dead)."""
-        self.lru.remove_unbacked(n)
+    def forget_evicted(self, n: BlockNode) -> None:
+        """:meth:`forget_node` for a victim ``lru.pop_victim`` took from the unbacked list: a free
+        node whose device copy is its only one (so, with no host copy, not dead)."""
         self._freed.append((n.device, BLOCK_TOKENS))
         self.device_tokens -= BLOCK_TOKENS
         n.device, n.device_state = None, R.ABSENT
