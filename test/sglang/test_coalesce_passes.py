@@ -158,3 +158,26 @@ def _bytes(ids: list[int]) -> bytes:
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
 def test_select_shortcuts_decide_as_a_full_walk(seed: int) -> None:
     _world(seed)
+
+
+def test_a_reset_forgets_what_the_old_index_decided() -> None:
+    """After a cache reset the new index counts ``resume_epoch`` from 0 again: a frontier or a
+    decision kept for an epoch of the old index must not be read as the new one's (here the old
+    index served the shared document, so nothing waited; the new one holds nothing of it)."""
+    doc = list(range(10, 10 + 1024))
+    sibling, waiter = _Req("a", doc + [1] * 10), _Req("b", doc + [2] * 10)
+    sched = SimpleNamespace(
+        waiting_queue=[sibling, waiter],
+        chunked_req=None,
+        max_running_requests=3,
+        max_prefill_tokens=4096,
+        chunked_prefill_size=512,
+    )
+    cache = SimpleNamespace(index=_Index(), cost=CostModel())
+    co = Coalescer(cache)
+    cache.index.publish(_bytes(doc))  # epoch 1: the waiter resumes from the document's end
+    assert co.select(sched) == []
+    cache.index = _Index()  # the reset's new index, at the same epoch, with nothing published
+    cache.index.resume_epoch = 1
+    co.on_reset()
+    assert [r.rid for r in co.select(sched)] == ["b"]  # it now waits for its sibling

@@ -287,7 +287,7 @@ class HybridRadixCache(BasePrefixCache):
         self.index = self._new_index()
         self._slot_ids = []
         if self.coalescer is not None:
-            self.coalescer.reset_counters()
+            self.coalescer.on_reset()
 
     # ================================================================ match
     def match_prefix(self, params: MatchPrefixParams) -> MatchResult:

@@ -19,9 +19,10 @@ later, resumes there (``demand_cut``).
 Per pass the work is O(window) when the window and the resume points are unchanged; after a
 sibling's chunk pass or a publication only the requests that had a sibling are decided again
 (``_redecide``); a window of only prompts the last walk found pairwise disjoint (no shared full
-block: at least 97 % of the walks over the first 2,000 Mooncake requests) holds nothing without
-a walk; any other changed window is walked (``_walk``, O(blocks of the prompts new to it)). A
-pass in which SGLang admits nothing (``admits_nothing``) is not looked at.
+block: at least 97 % of the walks over the first 2,000 Mooncake requests, counted once with a
+throw-away script) holds nothing without a walk; any other changed window is walked (``_walk``,
+O(blocks of the prompts new to it)). A pass in which SGLang admits nothing (``admits_nothing``)
+is not looked at. A cache reset drops what was kept per ``resume_epoch`` (``on_reset``).
 ``test_coalesce_passes.py`` checks every shortcut against a full walk, pass by pass.
 
 Held requests go back into the queue at their positions after the pass, so nothing behind them
@@ -57,10 +58,6 @@ FULL_SYNC_EVERY = 64  # demand syncs between O(queue) reconciles (``_sync_demand
 
 
 class Coalescer:
-    def reset_counters(self) -> None:
-        """The cache was reset: the counters restart with the new index's."""
-        self.waiters_total = self.holds_total = 0
-
     def __init__(self, cache: Any) -> None:
         self.cache = cache
         # sibling rid -> {frontier its prefill must stop at: requests held for it}
@@ -95,6 +92,14 @@ class Coalescer:
         # Held rids since the last ``take_held``, kept only for the rank check (``record_held``):
         # nothing else drains it, so it is not recorded otherwise.
         self._held_now: list[str] | None = None
+
+    def on_reset(self) -> None:
+        """The cache was reset (a new index): the counters restart with the new index's, and what
+        was kept per ``resume_epoch`` goes (the new index counts its epochs from 0 again, so an
+        old frontier or decision could be read as current)."""
+        self.waiters_total = self.holds_total = 0
+        self._servable.clear()
+        self._window_seen = ()
 
     # ------------------------------------------------------------ the pass
     def select(self, scheduler: Any, exclude: frozenset[str] = frozenset()) -> list[Any]:
@@ -175,11 +180,9 @@ class Coalescer:
         self._siblings = siblings
         # No pair of these prompts shares a block (sharing is symmetric, so a walk in any order
         # finds a sibling where one exists): a later window of only them needs no walk.
-        # (``select`` entered this window's rids and the chunked one in ``_window_seen``.)
-        chunked_rid, _, _, rids = self._window_seen
-        self._disjoint = (
-            frozenset([*rids, chunked_rid, None]) if not siblings and not held else frozenset()
-        )
+        # (A held request has a sibling, so ``siblings`` empty means nothing was held.)
+        rids = [*map(_rid, window), chunked.rid if chunked is not None else None, None]
+        self._disjoint = frozenset(rids) if not siblings else frozenset()
         return self._settle(scheduler, held, holds, asked)
 
     def _redecide(self, scheduler: Any, chunked: Any) -> list[Any] | None:
