@@ -117,6 +117,39 @@ def test_a_bad_object_is_refused_counted_and_recomputed(build, tmp_path: Path, d
     b.cache.index.check_integrity()
 
 
+@pytest.mark.parametrize("phase", ["probe", "fetch"])
+def test_a_hit_on_one_tp_rank_only_is_a_miss_on_all(
+    build, tmp_path: Path, monkeypatch, phase
+) -> None:
+    """Another rank whose objects are missing (its probe found nothing) or whose fetch failed:
+    the agreed result (MIN over the group) is a miss, nothing is adopted, slabs go back."""
+    from sglang_hybrid.sglang.l3_tier import L3Tier
+
+    url = f"file://{tmp_path / 'l3'}"
+    turn2, _ = _first_turn(build, url)
+    b = _build(build, url)
+    real = L3Tier._agree_results
+
+    def other_rank_missed(self: L3Tier, values: list[int]) -> tuple[list[int], list[int]]:
+        lo, hi = real(self, values)
+        fetching = any(lk.fetched is not None for lk in self.lookups.values())
+        if (phase == "fetch") == fetching:
+            lo = [0] * len(lo)  # the other rank: no snapshot found / its fetch failed
+        return lo, hi
+
+    monkeypatch.setattr(L3Tier, "_agree_results", other_rank_missed)
+    r = b.run(turn2, max_new=4)
+    st = b.cache.stats()
+    assert st["l3_fetches_landed"] == 0 and r.cached_tokens == 0, st
+    assert st["l3_lookup_hits"] == (1 if phase == "fetch" else 0), st
+    assert st["l3_fetch_failed"] == (1 if phase == "fetch" else 0), st
+    assert b.cache.index.host.reserved == set()
+    assert not any(
+        n.restore_pins for n in b.cache.index.tree.subtree_postorder(b.cache.index.tree.root)
+    )
+    b.cache.index.check_integrity()
+
+
 def test_keys_are_what_a_reader_derives_from_the_prompt(tmp_path: Path) -> None:
     """The snapshot key a server writes is the one ``l3_keys`` derives from the prompt alone."""
     data = bytes(range(256)) * 3

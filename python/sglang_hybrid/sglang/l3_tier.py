@@ -341,9 +341,7 @@ class L3Tier:
         if not k:
             return
         jobs = self.reader.retire(k)
-        values = [self._value(j) for j in jobs]
-        lo = self._agree_min(values)
-        hi = [-v for v in self._agree_min([-v for v in values])]
+        lo, hi = self._agree_results([self._value(j) for j in jobs])
         for job, a, b in zip(jobs, lo, hi, strict=True):
             lk: Lookup = job.tag
             if lk.generation != self.generation:  # a reset dropped it
@@ -442,6 +440,13 @@ class L3Tier:
         t = torch.tensor(values, dtype=torch.int64)
         dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.group)
         return [int(x) for x in t.tolist()]
+
+    def _agree_results(self, values: list[int]) -> tuple[list[int], list[int]]:
+        """(MIN, MAX) of each retired job's value over the TP group: a probe hits only at a
+        frontier every rank found (MIN == MAX), a fetch lands only where every rank's did."""
+        lo = self._agree_min(values)
+        hi = [-v for v in self._agree_min([-v for v in values])]
+        return lo, hi
 
     def _agree_all(self, flag: bool) -> bool:
         return bool(self._agree_min([int(flag)])[0])

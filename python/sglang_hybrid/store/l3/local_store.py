@@ -35,7 +35,7 @@ def free_ports(k: int) -> list[int]:
 
 
 def mooncake_binary(name: str) -> str:
-    """``mooncake_master`` / ``mooncake_client`` of the installed wheel (beside this Python first)."""
+    """``mooncake_master`` / ``mooncake_client`` of the installed wheel (this Python's first)."""
     here = Path(sys.executable).parent / name
     found = str(here) if here.exists() else shutil.which(name)
     if found is None:
