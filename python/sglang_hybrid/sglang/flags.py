@@ -29,6 +29,7 @@ FLAG_TAP_MODE = "--hybrid-tap-mode"
 FLAG_HOST_COPY = "--hybrid-host-copy"
 FLAG_HOST_WRITE = "--hybrid-host-write-mib"
 FLAG_CACHE_FILE = "--hybrid-cache-file"
+FLAG_L3 = "--hybrid-l3"
 TapMode = Literal["split", "zero-split", "auto"]
 TailTap = Literal["exact", "flexible"]
 
@@ -47,6 +48,7 @@ class HybridOptions:
     host_copy: CopyMode = "async"
     host_write_mib: int = 512
     cache_file: str | None = None  # --hybrid-cache-file: the host tier across restarts (§5.5)
+    l3: str | None = None  # --hybrid-l3 URL: a third tier shared by a fleet (``l3_tier.py``)
 
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
@@ -162,6 +164,18 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         "tier (--hybrid-host-cache-mib > 0). Inspect a file with 'sglang-hybrid cache inspect "
         "PATH'.",
     )
+    # --hybrid-l3 (issue #39): its URL is checked when the cache is built (``l3_tier.setup``).
+    g.add_argument(
+        FLAG_L3,
+        default=None,
+        metavar="URL",
+        help="A third tier behind the host tier, shared by every server pointed at it: "
+        "mooncake://MASTER_HOST:PORT?metadata=http://HOST:PORT/metadata (Mooncake Store; "
+        "segment=MIB gives it this server's memory too) or file://DIR (a directory, one "
+        "machine). Blocks and state snapshots written to the host tier go there too; a prompt "
+        "that misses device and host fetches its deepest snapshot from it. Needs a host tier. "
+        "See docs/l3.md.",
+    )
 
 
 def _non_negative(value: str) -> int:
@@ -185,6 +199,7 @@ def options_from_namespace(args: argparse.Namespace) -> HybridOptions:
         host_copy=args.hybrid_host_copy,
         host_write_mib=args.hybrid_host_write_mib,
         cache_file=getattr(args, "hybrid_cache_file", None),
+        l3=getattr(args, "hybrid_l3", None),
     )
 
 

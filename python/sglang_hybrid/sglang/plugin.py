@@ -407,6 +407,9 @@ def _cached_tokens_details(result: Any, streamer: Any, req: Any, *args: Any) -> 
     if host > int(details.get("host", 0) or 0):
         details["device"] = req.cached_tokens - host
         details["host"] = host
+    l3 = getattr(req, "_hybrid_l3_tokens", 0)  # ``l3_tier.TOKENS``: fetched from L3 first
+    if l3:
+        details["hybrid_l3_tokens"] = min(l3, req.cached_tokens)
     return details
 
 
@@ -509,4 +512,8 @@ def build_cache(ctx: Any) -> Any:
     from .persistence import setup as load_host_tier
 
     load_host_tier(cache, ctx, opts)  # --hybrid-cache-file: before any request (§5.5)
+    if opts.l3:
+        from .l3_tier import setup as setup_l3
+
+        setup_l3(cache, ctx, opts)  # --hybrid-l3 (issue #39)
     return cache
