@@ -36,6 +36,12 @@ class CostModel:
         pairs = base * tokens + tokens * (tokens + 1) / 2
         return self.token_s * tokens + self.pair_s * pairs
 
+    def split_seconds(self) -> float:
+        """What one more prefill pass costs beyond its tokens: its launch, its read of the
+        weights, its scheduler round (``chunk_s``, the fixed cost the replay's clock prices every
+        pass at). A tap that ends a pass pays it (``split_rule.py``)."""
+        return self.chunk_s
+
     def restore_seconds(self, nbytes: int) -> float:
         if nbytes <= 0:
             return 0.0
