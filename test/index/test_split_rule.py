@@ -17,8 +17,9 @@ from sglang_hybrid.index import (
 )
 from sglang_hybrid.index.split_rule import EXPLORE_EVERY, HALF_LIFE, PRIOR_RATE, SourceHits
 
-# 27B on an H200 (index/presets.py): 3 ms a pass, 0.11 ms a token.
-COST = CostModel(token_s=1.1e-4, pair_s=8.0e-10, chunk_s=3e-3, chunk_tokens=8192)
+# 27B on an H200 (index/presets.py): 3 ms a pass, 0.11 ms a token; the weight read left out
+# (0) where the arithmetic below is about tokens.
+COST = CostModel(token_s=1.1e-4, pair_s=8.0e-10, chunk_s=3e-3, chunk_tokens=8192, weight_read_s=0)
 OPENER = int(TapSource.OPENER)
 
 
@@ -47,6 +48,26 @@ def test_threshold_zero_splits_every_exact_tap_and_scales_the_bar() -> None:
     strict = SplitRule(COST, threshold=3.0)
     assert not strict.pays(OPENER, 1060, 1000)  # 6.6 ms < 9 ms
     assert strict.pays(OPENER, 1100, 1000)  # 11 ms > 9 ms
+
+
+def test_a_split_costs_a_pass_and_a_weight_read() -> None:
+    with_read = CostModel(token_s=1.1e-4, pair_s=8.0e-10, chunk_s=3e-3, weight_read_s=14e-3)
+    assert with_read.split_seconds() == 3e-3 + 14e-3
+    rule = SplitRule(with_read, grid=64)
+    assert not rule.pays(OPENER, 1063, 1000)  # 63 tokens, 6.9 ms: below 17 ms
+    assert rule.pays(OPENER, 1200, 1000)  # 200 tokens, 22 ms
+
+
+def test_the_capture_point_counts_from_the_base_in_the_first_pass() -> None:
+    rule = SplitRule(COST, grid=64)
+    assert rule.capture_point(3100, 2938) == 3066 and rule.captures(3066, 2938)
+    assert rule.capture_point(2938 + 9000, 2938) == 11904  # past the first chunk: block grid
+    assert rule.captures(11904, 2938) and not rule.captures(3100, 2938)
+    assert SplitRule(COST, grid=1).capture_point(3100, 0) == 3100
+    assert SplitRule(COST, grid=0).capture_point(3100, 0) == -1
+    # A declined opener at 3100 after a base at 2938 moves to 3066 (a tail of 58 tokens).
+    none = SplitRule(COST, grid=64, threshold=100.0)
+    assert none.apply([_tap(3100)], base=2938) == [_tap(3066, exact=False)]
 
 
 def test_declined_taps_move_to_the_grid_and_are_counted() -> None:

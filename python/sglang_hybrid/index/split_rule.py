@@ -5,9 +5,9 @@ or a position off the pass's capture grid) can only be taken by ending the pass 
 forward pass, with its launch, its read of the weights and its scheduler round
 (``CostModel.split_seconds``, the fixed cost the replay's clock prices per pass). What the split
 buys is the tokens later requests resume past: with it they resume at the tap; without it at
-``alt``, the deepest state they would find below it (the tap moved down to the capture grid when
-the worker captures there, else the deepest anchor below: base, a snapshot on the path, an
-accepted tap). The modelled saving is
+``alt``, the deepest state they would find below it (the tap moved down to where the worker
+captures inside the pass when it does, else the deepest anchor below: base, a snapshot on the
+path, an accepted tap). The modelled saving is
 
     rate(source) * compute_seconds(alt, p - alt)
 
@@ -16,8 +16,10 @@ where ``rate`` is how often a published tap of that source was resumed from so f
 geometry's prefill cost of the tokens in between (``index/cost.py``). The split is kept when the
 saving exceeds ``threshold * split_seconds`` (``--hybrid-split-threshold``; 0 splits for every
 tap, as before this rule). A declined tap is counted (``declined``, the binding's
-``split_declined`` skip) and moved down to the 64-token grid as a flexible tap, where a pass on
-the grid captures it (or a pass end realises it); it is dropped when nothing is left below it.
+``split_declined`` skip) and moved down as a flexible tap: to the worker's capture point below it
+(``capture_point``: a pass-relative grid counts from the prompt's base in the first pass; the
+snapshot there carries the partial block as its tail) or, without in-pass capture, to the block
+grid, where a pass end may realise it; it is dropped when nothing is left below it.
 
 Statistics: ``SourceHits`` counts publications and resumes per ``TapSource`` value, halving both
 every ``HALF_LIFE`` publications (traffic changes; counts, never time: every TP rank sees the same
@@ -101,10 +103,22 @@ class SplitRule:
         self._asked = [0] * N_SOURCES  # declined decisions per source (exploration)
 
     def captures(self, position: int, base: int) -> bool:
-        """The worker is expected to capture ``position`` inside a pass: on its grid from the
-        prompt's base (the first pass) or from the block grid (later passes start there)."""
+        """The worker is expected to capture ``position`` inside a pass (``capture_point``)."""
+        return self.grid > 0 and self.capture_point(position, base) == position
+
+    def capture_point(self, position: int, base: int) -> int:
+        """The deepest position at or below ``position`` the worker captures inside a pass
+        (-1: none). A grid ``g > 1`` counts from the pass's start: the prompt's base within the
+        first pass (``cost.chunk_tokens`` past it), the block grid after (a chunked prefill's
+        later passes start where the previous one ended, on the block grid)."""
         g = self.grid
-        return g == 1 or (g > 1 and ((position - base) % g == 0 or position % g == 0))
+        if g == 1:
+            return position
+        if g <= 0:
+            return -1
+        if position - base < self.cost.chunk_tokens:
+            return base + g * ((position - base) // g)
+        return position - position % g
 
     def saving(self, source: int, position: int, alt: int) -> float:
         """Modelled seconds a split at ``position`` saves later requests (``alt``: where they
@@ -138,13 +152,15 @@ class SplitRule:
                 out.append(tap._replace(exact=exact))
                 continue
             below = max([q for q in anchors if q < p] + [t.position for t in out if t.position < p])
-            floor = p - p % BLOCK_TOKENS
-            alt = floor if self.grid and floor > below else below
+            # Declined, the tap moves down to where the worker captures (a pass on the grid or
+            # a pass end realises it otherwise); requests diverging at p resume there.
+            point = self.capture_point(p, base) if self.grid else p - p % BLOCK_TOKENS
+            alt = point if self.grid and point > below else below
             if self.pays(int(tap.source), p, alt):
                 out.append(tap._replace(exact=True))
                 continue
             self.declined += 1
-            if floor > below and all(t.position != floor for t in out):
-                out.append(Tap(floor, False, tap.boundary, tap.source))
+            if point > below and all(t.position != point for t in out):
+                out.append(Tap(point, False, tap.boundary, tap.source))
         out.sort()
         return out
