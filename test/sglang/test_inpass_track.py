@@ -233,11 +233,18 @@ def test_taps_are_reported_once_every_layer_ran_even_on_a_fresh_forward_batch() 
         )
         assert out == "out"
     assert calls == [0, 1, 2] and reqs[0].hybrid_state_taps_done == [128]
-    # Without the tracking metadata (e.g. a path that ignored the fields) nothing is reported.
+    # Without the tracking metadata (e.g. a path that ignored the fields) nothing is reported;
+    # nor when the layers ran without the plan (full prefill graphs: no hook at replay).
     reqs, batch, fb = _batch([[(128, 7)]], [0], [192])
     track.after_init_new(fb, ForwardBatch, batch, runner)
     backend.forward_metadata = SimpleNamespace(has_mamba_track_mask=False)
     track.after_init_forward_metadata(None, backend, fb)
+    for layer in range(3):
+        track.around_forward_extend(orig, backend, SimpleNamespace(layer_id=layer), static, None)
+    assert getattr(reqs[0], TAPS_DONE_ATTR, None) is None
+    reqs, batch, fb = _batch([[(128, 7)]], [0], [192])
+    track.after_init_new(fb, ForwardBatch, batch, runner)
+    backend.forward_metadata = SimpleNamespace(has_mamba_track_mask=True)
     for layer in range(3):
         track.around_forward_extend(orig, backend, SimpleNamespace(layer_id=layer), static, None)
     assert getattr(reqs[0], TAPS_DONE_ATTR, None) is None
@@ -247,9 +254,22 @@ def test_no_fields_without_a_kernel_with_per_chunk_states_or_a_grid_tap() -> Non
     _, batch, fb = _batch([[(128, 7)]], [0], [192])
     track.after_init_new(fb, ForwardBatch, batch, _runner("CuteDSLGDNKernel"))
     assert fb.mamba_track_indices is None
-    _, batch, fb = _batch([[(100, 7)]], [0], [192])  # off the grid: gdn_taps alone cannot report
-    track.after_init_new(fb, ForwardBatch, batch, _runner("TritonGDNKernel"))
+    _, batch, fb = _batch([[(100, 7)]], [0], [192])  # off the grid: FlashInfer has no state
+    track.after_init_new(fb, ForwardBatch, batch, _runner("FlashInferGDNKernel"))
     assert fb.mamba_track_indices is None and getattr(fb, track.PLAN_ATTR, None) is None
+
+
+def test_off_grid_taps_alone_run_gdn_taps_without_sglangs_tracking() -> None:
+    _reqs, batch, fb = _batch([[(100, 7)]], [0], [192])
+    runner = _runner("TritonGDNKernel", layers=2)
+    track.after_init_new(fb, ForwardBatch, batch, runner)
+    assert fb.mamba_track_indices is None  # no tracked row: SGLang's fields stay unset
+    plan = getattr(fb, track.PLAN_ATTR)
+    assert plan.tracked == [] and plan.extras is not None and plan.extras.off_dst.tolist() == [7]
+    backend = runner.attn_backend.linear_attn_backend
+    backend.forward_metadata = SimpleNamespace(has_mamba_track_mask=False)
+    track.after_init_forward_metadata(None, backend, fb)
+    assert getattr(backend.forward_metadata, track.PLAN_ATTR) is plan and not plan.tracking
 
 
 def _graphs(name: str) -> object:

@@ -23,10 +23,11 @@ with its own snapshot slots as destinations:
   ``ForwardBatch`` (``prefill_cuda_graph_runner``), never the metadata's owner, so this survives
   the replay; under ``full`` prefill graphs neither hook runs and nothing is reported.
 - ``around_forward_extend`` (AROUND ``GDNAttnBackend.forward_extend``): runs ``gdn_taps``' gathers
-  around the layer and counts the layers that ran with SGLang's tracking metadata; after the
-  last linear layer of the pass the tracked taps (and the gathered ones, unless a layer failed)
-  are appended to ``req.hybrid_state_taps_done``. A tap never reported goes back unpublished
-  (``publish._settle_inpass``).
+  around the layer and counts the layers that ran with the plan; after the last linear layer of
+  the pass the tracked taps (when the metadata carried SGLang's tracking) and the gathered ones
+  (unless a layer failed) are appended to ``req.hybrid_state_taps_done``. A pass whose only
+  taps lie off every request's grid (the Triton kernel) runs ``gdn_taps`` alone. A tap never
+  reported goes back unpublished (``publish._settle_inpass``).
 - ``around_checkpoint_plan`` (AROUND FlashInfer's ``maybe_build_flashinfer_checkpoint_plan``):
   the same metadata from the host lists the batch carries, without SGLang's four device-to-host
   reads (a stream sync per tracked pass), for batches this cache planned.
@@ -56,7 +57,8 @@ class PassPlan:
     tracked: list[tuple[Any, int]]  # (req, position): SGLang's tracking copies these
     extras: gdn_taps.PassTaps | None  # the other taps: gdn_taps' gathers
     layers: int  # linear layers a pass runs
-    seen: set[int] = field(default_factory=set)  # layers that ran with the tracking metadata
+    seen: set[int] = field(default_factory=set)  # layers that ran with the plan
+    tracking: bool = False  # the backend's metadata carries SGLang's tracking of ``tracked``
     reported: bool = False
 
 
@@ -111,17 +113,18 @@ def after_init_new(fb: Any, cls: Any, batch: Any, model_runner: Any, *a: Any, **
     prefix = list(fb.extend_prefix_lens_cpu or [int(x) for x in batch.prefix_lens])
     extend = list(fb.extend_seq_lens_cpu or [int(x) for x in batch.extend_lens])
     slots, seqlens, tracked, rest = split_rows(batch.reqs, prefix, extend, kernel)
-    if not tracked:  # every in-pass tap sits on a request's chunk grid when there is one
+    if not tracked and not any(rest):
         return
     pool = model_runner.req_to_token_pool
     conv = pool.mamba_pool.mamba_cache.conv[0]
     device = conv.device
-    mask = [s >= 0 for s in slots]
-    fb.mamba_track_indices = _h2d(slots, torch.int64, device)
-    fb.mamba_track_mask = _h2d(mask, torch.bool, device)
-    fb.mamba_track_seqlens = _h2d(seqlens, torch.int64, device)
-    fb.mamba_prefill_track_mask_cpu = mask
-    fb.mamba_track_seqlens_cpu = seqlens
+    if tracked:  # else only off-grid taps (Triton): gdn_taps alone
+        mask = [s >= 0 for s in slots]
+        fb.mamba_track_indices = _h2d(slots, torch.int64, device)
+        fb.mamba_track_mask = _h2d(mask, torch.bool, device)
+        fb.mamba_track_seqlens = _h2d(seqlens, torch.int64, device)
+        fb.mamba_prefill_track_mask_cpu = mask
+        fb.mamba_track_seqlens_cpu = seqlens
     extras = None
     if any(rest):
         extras = gdn_taps.plan_pass(
@@ -147,9 +150,11 @@ def after_init_forward_metadata(result: Any, backend: Any, forward_batch: Any, *
     meta = getattr(backend, "forward_metadata", None)
     if meta is None:
         return
-    plan = getattr(forward_batch, PLAN_ATTR, None)
+    plan: PassPlan | None = getattr(forward_batch, PLAN_ATTR, None)
     # A fresh metadata object every pass: a plan never outlives its pass.
-    setattr(meta, PLAN_ATTR, plan if getattr(meta, "has_mamba_track_mask", False) else None)
+    setattr(meta, PLAN_ATTR, plan)
+    if plan is not None:
+        plan.tracking = bool(getattr(meta, "has_mamba_track_mask", False))
 
 
 def around_forward_extend(
@@ -171,10 +176,11 @@ def around_forward_extend(
     else:
         out = orig(backend, layer, forward_batch, mixed_qkv, *a, **kw)
     plan.seen.add(int(layer.layer_id))
-    if len(plan.seen) == plan.layers:  # every linear layer of the pass copied its states
+    if len(plan.seen) == plan.layers:  # every linear layer of the pass ran with the plan
         plan.reported = True
-        for req, p in plan.tracked:
-            mark_tap_done(req, p)
+        if plan.tracking:  # SGLang's tracking copied them in every layer
+            for req, p in plan.tracked:
+                mark_tap_done(req, p)
         if plan.extras is not None and not plan.extras.failed:
             for req, p in plan.extras.done:
                 mark_tap_done(req, p)
