@@ -11,9 +11,10 @@ runs that path with SGLang's own code on the device, per GDN prefill kernel:
   (gathered and recomputed); every captured SSM state against the state a pass ending at the
   tap leaves (bf16 rounding of ``h``: rel <= 1e-2) and every conv window bit for bit;
 - FlashInfer (``FlashInferGDNKernel``, when the carried FlashInfer has its GDN prefill): the
-  same batch with grid taps only, the checkpoint plan from ``track.around_checkpoint_plan``
-  (against SGLang's own ``maybe_build_flashinfer_checkpoint_plan`` on the same batch), states
-  against a pass ending there (fp32 checkpoints: rel <= 1e-5, bitwise reported); this is the
+  same batch, the checkpoint plan from ``track.around_checkpoint_plan`` (against SGLang's own
+  ``maybe_build_flashinfer_checkpoint_plan`` on the same batch), the off-grid taps recomputed by
+  the Triton kernel from the fp32 checkpoints, states against a pass of FlashInfer ending there
+  (rel <= 1e-5, bitwise reported); this is the
   record ``inpass.VERIFIED[("flashinfer", ...)]`` waits for, together with a model-runner run
   under breakable prefill graphs (which this check cannot make: SGLang's model runner needs
   ``sgl_kernel``, which is not carried; the plan's survival of a fresh ``ForwardBatch`` is
@@ -144,9 +145,11 @@ def one_kernel(
     packed: bool | None = None,
     dims: tuple[int, int, int] | None = None,
     bf16: bool | None = None,
+    recompute: Any = None,
 ) -> dict[str, Any]:
     """Capture the taps of one packed extend through SGLang's tracking and gdn_taps (``packed``:
-    three requests in the extend, else one; ``dims``: key heads, value heads, head dim)."""
+    three requests in the extend, else one; ``dims``: key heads, value heads, head dim;
+    ``recompute``: the off-grid recompute's kernel, SGLang's Triton one; default ``kernel``)."""
     from sglang.srt.layers.attention.mamba.mamba2_metadata import ForwardMetadata
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 
@@ -159,10 +162,10 @@ def one_kernel(
     bf16 = ctx.cuda if bf16 is None else bf16
     lens = (330, 200, 257) if packed else (330,)
     prefix = (0, 100, 64) if packed else (0,)
-    grid_only = name != "triton"
-    # Taps: request 0 at 64, 192 (tracked: the deepest on its grid) and 100 (off the grid);
-    # request 1 at 164 (tracked); request 2 at 128 and 256 (its grid from 64).
-    wanted = [[64, 192] + ([] if grid_only else [100]), [164], [128, 256]][: len(lens)]
+    # Taps: request 0 at 64, 192 (tracked: the deepest on its grid) and 100 (off the grid:
+    # recomputed from 64); request 1 at 164 (tracked) and 130 (30 past its start: recomputed from
+    # its incoming state); request 2 at 128 and 256 (its grid from 64).
+    wanted = [[64, 192, 100], [164, 130], [128, 256]][: len(lens)]
     slots = iter(range(8, 64))
     taps = [[(p, next(slots)) for p in row] for row in wanted]
     n = sum(lens)
@@ -254,7 +257,7 @@ def one_kernel(
     if extras is not None:
         at_start = incoming[extras.off_rows] if extras.at_pass_start else None
         gdn_taps.capture_layer(extras, conv, ssm, windows, hs, at_start)
-        gdn_taps.advance(extras, kernel, ssm, call)
+        gdn_taps.advance(extras, recompute or kernel, ssm, call)
     # Each tap against a pass of the same request ending there, from the same incoming state.
     worst, bitwise, conv_ok = 0.0, True, True
     start = 0
@@ -303,9 +306,10 @@ def run(ctx: Ctx) -> None:
     _pin_chunk_size()
     results: dict[str, Any] = {}
     ctx.result["kernels"] = results
-    for name, kernel in _kernels(ctx).items():
+    kernels = _kernels(ctx)
+    for name, kernel in kernels.items():
         log(f"  {name}")
-        results[name] = one_kernel(ctx, name, kernel)
+        results[name] = one_kernel(ctx, name, kernel, recompute=kernels["triton"])
         ctx.flush()
 
 

@@ -52,19 +52,23 @@ def test_plan_takes_every_tap_of_every_request_in_batch_order() -> None:
     assert _plan([[]], [0], [10])[1] is None
 
 
-def test_flashinfer_checkpoints_hold_grid_taps_only() -> None:
+def test_flashinfer_checkpoints_are_numbered_from_the_first_chunk_end() -> None:
     # Checkpoint k - 1 of a row is the state after 64 k tokens; a row has len // 64 of them.
-    (a, b), plan = _plan([[(64, 7), (100, 8), (192, 9)], [(228, 3)]], [0, 100], [250, 200])
-    (a, b), ckpt = _plan(
-        [[(64, 7), (100, 8), (192, 9)], [(228, 3)]], [0, 100], [250, 200], "checkpoints"
-    )
+    taps = [[(64, 7), (100, 8), (192, 9), (30, 6)], [(228, 3)]]
+    (a, b), plan = _plan(taps, [0, 100], [250, 200])
+    (a, b), ckpt = _plan(taps, [0, 100], [250, 200], "checkpoints")
     assert plan is not None and ckpt is not None
-    assert plan.grid_chunks.tolist() == [1, 3, 6] and plan.off_dst.tolist() == [8]
-    # a: 3 checkpoints (0, 1, 2); b's first is 3. 100 lies off the grid: not gathered, not done.
+    assert plan.grid_chunks.tolist() == [1, 3, 6] and plan.off_chunks.tolist() == [1, -1]
+    # a: 3 checkpoints (0, 1, 2); b's first is 3. 100 recomputes from checkpoint 0 (after 64),
+    # 30 from the request's incoming state.
     assert ckpt.grid_chunks.tolist() == [0, 2, 4] and ckpt.grid_dst.tolist() == [7, 9, 3]
-    assert ckpt.off_dst.numel() == 0 and ckpt.done == [(a, 64), (a, 192), (b, 228)]
+    assert ckpt.off_chunks.tolist() == [0, -1] and ckpt.off_dst.tolist() == [8, 6]
+    assert ckpt.done == [(a, 64), (a, 100), (a, 192), (a, 30), (b, 228)]
+    assert ckpt.needs_states and ckpt.at_pass_start
+    (_,), start_only = _plan([[(30, 6)]], [0], [250], "checkpoints")
+    assert start_only is not None and not start_only.needs_states
     try:
-        gdn_taps.plan_pass([a], [[(64, 1)]], [0], [100], W, "cpu", "h")
+        gdn_taps.plan_pass([SimpleNamespace()], [[(64, 1)]], [0], [100], W, "cpu", "h")
     except ValueError as e:
         assert "layout" in str(e)
     else:
@@ -176,6 +180,27 @@ def test_the_layer_wrapper_gathers_around_sglangs_extend_call() -> None:
         assert torch.equal(caches[layer].temporal[3], h[0, 2])
         assert torch.equal(caches[layer].conv[0][3], mixed_qkv[125:128].T)
     assert not plan.failed
+
+
+def test_without_per_chunk_states_only_pass_start_recomputes_go_on() -> None:
+    conv, ssm = torch.zeros(4, 6, W - 1), torch.zeros(4, 2, 8, 8)
+    _, plan = _plan([[(30, 1)]], [0], [100], "checkpoints")
+    assert plan is not None
+    incoming = torch.randn(1, 2, 8, 8)
+    gdn_taps.capture_layer(plan, conv, ssm, torch.randn(1, W - 1, 6), None, incoming)
+    assert not plan.failed and torch.equal(ssm[1], incoming[0])
+    _, plan = _plan([[(64, 1)]], [0], [100], "checkpoints")
+    assert plan is not None
+    gdn_taps.capture_layer(plan, conv, ssm, torch.randn(1, W - 1, 6), None, incoming)
+    assert plan.failed
+
+
+def test_the_recompute_kernel_is_sglangs_triton_one() -> None:
+    triton = type("TritonGDNKernel", (), {})()
+    flashinfer = type("FlashInferGDNKernel", (), {"_alignment_fallback_kernel": triton})()
+    assert gdn_taps.recompute_kernel(SimpleNamespace(extend_kernel=triton)) is triton
+    assert gdn_taps.recompute_kernel(SimpleNamespace(extend_kernel=flashinfer)) is triton
+    assert gdn_taps.recompute_kernel(SimpleNamespace(extend_kernel=object())) is None
 
 
 def test_a_layer_without_per_chunk_states_fails_the_plan() -> None:

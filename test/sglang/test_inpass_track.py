@@ -98,9 +98,16 @@ def test_the_deepest_tap_on_each_requests_grid_is_sglangs_tracked_row() -> None:
     assert slots == [8, -1, 5, -1] and seqlens == [129, -1, 229, -1]
     assert tracked == [(reqs[0], 128), (reqs[2], 228)]
     assert rest == [[(64, 7), (100, 9)], [(150, 3)], [(164, 4)], []]
-    # FlashInfer's per-chunk states exist on each request's grid only.
-    _, _, _, rest = track.split_rows(batch.reqs, prefix, ext, "flashinfer")
-    assert rest == [[(64, 7)], [], [(164, 4)], []]
+    # FlashInfer: the same split (its other taps are gathered and recomputed the same way).
+    assert track.split_rows(batch.reqs, prefix, ext, "flashinfer")[3] == rest
+    # With no grid tap in the pass, FlashInfer must still be asked for its checkpoints: the
+    # chunk start below an off-grid tap is tracked into that tap's own slot, not reported.
+    _, batch, _ = _batch([[(100, 7)], [(150, 3), (250, 4)]], [0, 100], [192, 200])
+    slots, seqlens, tracked, rest = track.split_rows(batch.reqs, [0, 100], [192, 200], "flashinfer")
+    assert tracked == [] and slots == [7, -1] and seqlens == [65, -1]
+    assert rest == [[(100, 7)], [(150, 3), (250, 4)]]
+    slots, _, _, _ = track.split_rows(batch.reqs, [0, 100], [192, 200], "triton")
+    assert slots == [-1, -1]  # Triton's h exists without tracking
 
 
 def test_the_fields_drive_sglangs_own_track_plan_to_the_tapped_states() -> None:
@@ -250,12 +257,9 @@ def test_taps_are_reported_once_every_layer_ran_even_on_a_fresh_forward_batch() 
     assert getattr(reqs[0], TAPS_DONE_ATTR, None) is None
 
 
-def test_no_fields_without_a_kernel_with_per_chunk_states_or_a_grid_tap() -> None:
+def test_no_fields_without_a_kernel_with_per_chunk_states() -> None:
     _, batch, fb = _batch([[(128, 7)]], [0], [192])
     track.after_init_new(fb, ForwardBatch, batch, _runner("CuteDSLGDNKernel"))
-    assert fb.mamba_track_indices is None
-    _, batch, fb = _batch([[(100, 7)]], [0], [192])  # off the grid: FlashInfer has no state
-    track.after_init_new(fb, ForwardBatch, batch, _runner("FlashInferGDNKernel"))
     assert fb.mamba_track_indices is None and getattr(fb, track.PLAN_ATTR, None) is None
 
 
@@ -282,7 +286,7 @@ def test_capture_of_reports_kernel_graph_backend_and_exactness() -> None:
     fi = inpass.capture_of(
         SimpleNamespace(model_runner=_runner("FlashInferGDNKernel", graphs=_graphs("breakable")))
     )
-    assert (fi.grid, fi.kernel, fi.graph, fi.exact) == (64, "flashinfer", "breakable", True)
+    assert (fi.grid, fi.kernel, fi.graph, fi.exact) == (1, "flashinfer", "breakable", True)
     full = inpass.capture_of(
         SimpleNamespace(model_runner=_runner("FlashInferGDNKernel", graphs=_graphs("full")))
     )
@@ -305,7 +309,7 @@ def test_auto_takes_in_pass_capture_only_where_exact_and_verified(
     assert inpass.resolve_mode("auto", tri).mode == "split"  # bf16 states: never by default
     assert inpass.resolve_mode("zero-split", tri).grid == 1  # but on request
     monkeypatch.setitem(inpass.VERIFIED, inpass.H200_DEFAULT.key, "stage I on an H200")
-    assert inpass.resolve_mode("auto", inpass.H200_DEFAULT)[:2] == ("zero-split", 64)
+    assert inpass.resolve_mode("auto", inpass.H200_DEFAULT)[:2] == ("zero-split", 1)
     assert inpass.replay_default().mode == "zero-split"
     with pytest.raises(ValueError, match="captures no state"):
         inpass.resolve_mode("zero-split", inpass.H200_DEFAULT._replace(grid=0))

@@ -6,13 +6,15 @@ start of every 64-token chunk of every request of the pass (bf16, ``[1, chunks, 
 ``ceil(len / 64)`` per request), and FlashInfer's returns, once tracking asks for checkpoints,
 the state after every 64 tokens of every request (the kernel's state dtype, fp32 on SM90,
 ``len // 64`` per request). The conv state at a position is the ``W - 1`` pre-convolution rows of
-``mixed_qkv`` before it. So the request's other taps on its chunk grid cost gathers, and with
-the Triton kernel a tap between chunk starts costs a recompute over its < 64 tokens since the
-chunk start below it (one more call of the same kernel over the packed segments). Contract:
+``mixed_qkv`` before it. So the request's other taps on its chunk grid cost gathers, and a tap
+between chunk starts costs a recompute over its < 64 tokens since the chunk start below it (one
+more call of SGLang's Triton extend kernel over the packed segments; with FlashInfer's prefill
+it starts from the fp32 checkpoint, so the state differs from a pass ending there by fp32
+rounding only). Contract:
 
 - ``plan_pass(reqs, taps, ...)``: the gathers of one pass as device tensors made once per pass
   (no sync), for the ``(position, slot)`` taps of each row; ``layout`` is ``"chunks"`` (Triton's
-  ``h``) or ``"checkpoints"`` (FlashInfer's; grid taps only);
+  ``h``) or ``"checkpoints"`` (FlashInfer's);
 - ``capture_around(orig, plan, backend, layer, ...)``: runs the layer with its extend call caught,
   copies the taps' pre-conv rows before it and gathers the states after it (``capture_layer``,
   ``advance``); a layer without per-chunk states or with an unknown call shape marks the plan
@@ -50,6 +52,7 @@ class PassTaps:
     seg_cu: torch.Tensor  # [r + 1] cumulative segment lengths (cu_seqlens of the recompute)
     done: list[tuple[Any, int]]  # (req, position) to report once every layer captured
     at_pass_start: bool = False  # some off-grid tap starts from the request's incoming state
+    needs_states: bool = True  # some tap reads a per-chunk state (all but pass-start recomputes)
     failed: bool = False
 
 
@@ -64,9 +67,8 @@ def plan_pass(
 ) -> PassTaps | None:
     """The plan for one extend pass, or None when no row has a tap inside it. ``taps[i]``: row
     i's ``(position, slot)`` pairs. A tap closer than ``conv_width - 1`` tokens to its pass's
-    start is left out (its conv window would reach into the incoming conv state), and so is a
-    tap off the chunk grid with the ``"checkpoints"`` layout: never reported done, its slot goes
-    back unpublished."""
+    start is left out (its conv window would reach into the incoming conv state): never reported
+    done, its slot goes back unpublished."""
     if layout not in ("chunks", "checkpoints"):
         raise ValueError(f"unknown per-chunk state layout {layout!r}")
     checkpoints = layout == "checkpoints"
@@ -87,18 +89,19 @@ def plan_pass(
         for p, slot in row_taps:
             o = int(p) - prefix
             c = CHUNK * (o // CHUNK)
-            if not keep <= o < ext or (checkpoints and o != c):
+            if not keep <= o < ext:
                 continue
             conv_rows.append(list(range(token_start + o - keep, token_start + o)))
             conv_dst.append(int(slot))
+            # Triton: chunk j of the row starts after 64 j tokens; FlashInfer: checkpoint j - 1
+            # of the row is the state after 64 j tokens.
+            shift = 1 if checkpoints else 0
             if o == c:
-                # Triton: chunk j of the row starts after 64 j tokens; FlashInfer: checkpoint
-                # j - 1 of the row is the state after 64 j tokens.
-                grid_chunks.append(chunk_start + o // CHUNK - (1 if checkpoints else 0))
+                grid_chunks.append(chunk_start + o // CHUNK - shift)
                 grid_dst.append(int(slot))
             else:
                 off_dst.append(int(slot))
-                off_chunks.append(chunk_start + c // CHUNK if c else -1)
+                off_chunks.append(chunk_start + c // CHUNK - shift if c else -1)
                 off_rows.append(row)
                 seg_rows.extend(range(token_start + c, token_start + o))
                 seg_cu.append(len(seg_rows))
@@ -119,6 +122,7 @@ def plan_pass(
         seg_cu=_ids(seg_cu, device),
         done=done,
         at_pass_start=-1 in off_chunks,
+        needs_states=bool(grid_dst) or any(c >= 0 for c in off_chunks),
     )
 
 
@@ -143,7 +147,12 @@ def capture_layer(
     No ``h``: the pass failed."""
     conv_states[plan.conv_dst] = windows.transpose(1, 2).to(conv_states.dtype)
     if h is None:
-        plan.failed = True
+        # Without per-chunk states (FlashInfer makes none without a tracked row) only taps that
+        # recompute from the request's incoming state can be taken.
+        if plan.needs_states or incoming is None:
+            plan.failed = True
+            return
+        ssm_states[plan.off_dst] = incoming.to(ssm_states.dtype)
         return
     states = h.squeeze(0) if h.dim() == ssm_states.dim() + 1 else h
     if plan.grid_dst.numel():
@@ -211,6 +220,25 @@ def capture_around(
         del dispatcher.extend
     h = None if seen.get("unknown") else seen.get("h")
     capture_layer(plan, cache.conv[0], cache.temporal, windows, h, seen.get("incoming"))
-    if not plan.failed:
-        advance(plan, dispatcher.extend_kernel, cache.temporal, seen["kw"])
+    if not plan.failed and plan.off_dst.numel():
+        kernel = recompute_kernel(dispatcher)
+        if kernel is None:
+            plan.failed = True
+        else:
+            advance(plan, kernel, cache.temporal, seen["kw"])
     return out
+
+
+def recompute_kernel(dispatcher: Any) -> Any:
+    """SGLang's Triton GDN extend kernel for the off-grid recompute: the extend kernel itself,
+    else the Triton instance SGLang's dispatcher keeps beside FlashInfer's (its tree-verify
+    kernel, and FlashInfer's own alignment fallback); None when there is none."""
+    extend = getattr(dispatcher, "extend_kernel", None)
+    for k in (
+        extend,
+        getattr(dispatcher, "tree_verify_kernel", None),
+        getattr(extend, "_alignment_fallback_kernel", None),
+    ):
+        if type(k).__name__ == "TritonGDNKernel":
+            return k
+    return None

@@ -11,7 +11,8 @@ on SGLang 0.5.23's GPU worker (docs/inpass-capture.md has the sources this rests
   prefill CUDA graphs (the GDN layer runs outside the graph on metadata built from the live
   batch);
 - ``gdn_taps.py`` beyond it: the other taps of the same pass from the same per-chunk states, and
-  with the Triton kernel positions off that grid too (a short recompute);
+  positions off that grid by a short recompute with SGLang's Triton kernel (from FlashInfer's
+  fp32 checkpoints: the state differs from a pass ending there by fp32 rounding only);
 - nothing under ``full`` prefill CUDA graphs (the captured body has no tracking unless SGLang's
   extra_buffer built it, and no hook runs at replay), with other GDN prefill kernels (CuTe DSL)
   or other linear-attention backends.
@@ -60,13 +61,14 @@ VERIFIED: dict[tuple[str, str], str] = {}
 # an fp32 state pool, chunked prefill <= 32768, 128-wide heads) under breakable prefill CUDA
 # graphs (``cuda_graph_config.default_prefill_backend``: breakable on CUDA).
 H200_DEFAULT = InPassCapture(
-    CHUNK,
+    1,
     "sglang-tracking+gdn_taps",
     "flashinfer",
     "breakable",
     True,
-    "SGLang's prefill tracking with FlashInfer's fp32 checkpoints, every 64 tokens of each "
-    "request's extend; the GDN layer runs outside the breakable prefill graph",
+    "SGLang's prefill tracking with FlashInfer's fp32 checkpoints every 64 tokens of each "
+    "request's extend, positions between them recomputed from there by SGLang's Triton kernel "
+    "(fp32 rounding); the GDN layer runs outside the breakable prefill graph",
 )
 
 _KERNELS = {"TritonGDNKernel": "triton", "FlashInferGDNKernel": "flashinfer"}

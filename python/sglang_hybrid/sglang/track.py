@@ -15,8 +15,10 @@ with its own snapshot slots as destinations:
 - ``after_init_new`` (AFTER ``ForwardBatch.init_new``): per request of an extend batch, the deepest
   reserved tap at ``prefix + 64 k`` strictly inside the pass becomes its tracked row (seqlen
   ``p + 1``: SGLang's own way of asking for the state from the per-chunk states rather than the
-  final one); the request's other taps go to ``gdn_taps`` (the same per-chunk states; off the
-  grid with the Triton kernel only). The plan rides on the live ``ForwardBatch``.
+  final one); the request's other taps go to ``gdn_taps`` (the same per-chunk states, and a
+  short recompute off the grid). FlashInfer computes its checkpoints only for a tracked batch, so
+  a pass whose taps all lie off the grid tracks the chunk start below one of them. The plan rides
+  on the live ``ForwardBatch``.
 - ``after_init_forward_metadata`` (AFTER ``GDNAttnBackend.init_forward_metadata``, which runs on
   the live batch eagerly and before a breakable prefill graph's replay): the plan moves onto the
   backend's per-pass metadata. The GDN layer of a breakable graph replay sees a fresh
@@ -74,8 +76,7 @@ def split_rows(
     reqs: list[Any], prefix_lens: list[int], extend_lens: list[int], kernel: str
 ) -> tuple[list[int], list[int], list[tuple[Any, int]], list[list[tuple[int, int]]]]:
     """Per row: the tracked tap's slot and SGLang's track seqlen (-1: none), the tracked
-    ``(req, position)`` pairs, and each row's other taps for ``gdn_taps`` (on the chunk grid
-    only unless the kernel is Triton)."""
+    ``(req, position)`` pairs, and each row's other taps for ``gdn_taps``."""
     slots: list[int] = []
     seqlens: list[int] = []
     tracked: list[tuple[Any, int]] = []
@@ -96,10 +97,24 @@ def split_rows(
         else:
             slots.append(-1)
             seqlens.append(-1)
-        if kernel != "triton":
-            inside = [t for t in inside if (t[0] - prefix) % CHUNK == 0]
         rest.append(inside)
+    if kernel == "flashinfer" and not tracked:
+        _ask_for_checkpoints(prefix_lens, rest, slots, seqlens)
     return slots, seqlens, tracked, rest
+
+
+def _ask_for_checkpoints(
+    prefix_lens: list[int], rest: list[list[tuple[int, int]]], slots: list[int], seqlens: list[int]
+) -> None:
+    """FlashInfer writes its per-chunk checkpoints only when a row is tracked: with no grid tap
+    in the pass, track the chunk start below an off-grid tap into that tap's own slot (the
+    gather writes the same state there again and advances it; it is reported by ``gdn_taps``)."""
+    for row, taps in enumerate(rest):
+        for p, slot in reversed(taps):
+            c = CHUNK * ((p - prefix_lens[row]) // CHUNK)
+            if c:
+                slots[row], seqlens[row] = slot, prefix_lens[row] + c + 1
+                return
 
 
 def after_init_new(fb: Any, cls: Any, batch: Any, model_runner: Any, *a: Any, **k: Any) -> None:
@@ -118,7 +133,7 @@ def after_init_new(fb: Any, cls: Any, batch: Any, model_runner: Any, *a: Any, **
     pool = model_runner.req_to_token_pool
     conv = pool.mamba_pool.mamba_cache.conv[0]
     device = conv.device
-    if tracked:  # else only off-grid taps (Triton): gdn_taps alone
+    if any(s >= 0 for s in slots):  # else only off-grid taps from the pass start, or Triton's
         mask = [s >= 0 for s in slots]
         fb.mamba_track_indices = _h2d(slots, torch.int64, device)
         fb.mamba_track_mask = _h2d(mask, torch.bool, device)
