@@ -36,8 +36,10 @@ from typing import Any
 from sglang_hybrid.replay import cli, steady, tap_modes
 
 ROOT = Path(__file__).resolve().parents[2]
-# Paths as the docs write them: relative to the repository root, where this script must run.
-MOONCAKE = "../shared/traces/mooncake_synthetic_trace.jsonl"
+# Paths as the docs write them: relative to the repository root, where this script must run
+# (a worktree elsewhere names the shared folder in SGLANG_HYBRID_SHARED).
+SHARED = os.environ.get("SGLANG_HYBRID_SHARED", "../shared")
+MOONCAKE = f"{SHARED}/traces/mooncake_synthetic_trace.jsonl"
 ALL = "hybrid,no_buffer,extra_buffer,oracle"
 
 # Shared pieces: the trace and modelled machine of each family, and the options a run pins.

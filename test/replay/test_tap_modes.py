@@ -90,3 +90,14 @@ def test_the_replay_default_is_what_auto_picks_on_an_h200(monkeypatch) -> None:
     assert (args.tap_mode, args.capture_grid) == ("zero-split", "chunk")
     args = _args(tap_mode="zero-split")
     assert "capture grid any" in resolve_tap_mode(args) and args.tap_mode == "zero-split"
+
+
+def test_the_split_rule_prices_a_pass_as_the_clock_does() -> None:
+    from sglang_hybrid.replay.clock import BatchClock
+
+    clock = BatchClock("h200", "qwen3.5-27b")
+    cost = clock.split_cost()
+    # The prefill preset with one more read of the weights: a decode step's.
+    assert cost.token_s == clock.prefill.token_s and cost.chunk_s == clock.prefill.chunk_s
+    assert cost.weight_read_s == clock.decode.step_s == 14e-3
+    assert cost.split_seconds() == clock.prefill.chunk_s + 14e-3
