@@ -87,7 +87,7 @@ def test_the_replay_default_is_what_auto_picks_on_an_h200(monkeypatch) -> None:
     monkeypatch.setitem(inpass.VERIFIED, inpass.H200_DEFAULT.key, "stage I, an H200")
     args = _args()
     resolve_tap_mode(args)
-    assert (args.tap_mode, args.capture_grid) == ("zero-split", "chunk")
+    assert (args.tap_mode, args.capture_grid) == ("zero-split", "any")
     args = _args(tap_mode="zero-split")
     assert "capture grid any" in resolve_tap_mode(args) and args.tap_mode == "zero-split"
 
