@@ -197,10 +197,10 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
         "--capture-grid",
         choices=("any", "chunk"),
         default=None,
-        help="with zero-split: capture at any position (the CPU workers; SGLang's Triton GDN "
-        "prefill) or only at each request's 64-token grid from its pass start (SGLang's "
-        "FlashInfer prefill, the H200 default), other taps splitting where it pays (default: "
-        "any, or what auto resolved)",
+        help="with zero-split: capture at any position (the CPU workers; SGLang's GPU worker "
+        "through its prefill tracking and gdn_taps' recompute) or only at each request's "
+        "64-token grid from its pass start (the per-chunk states without the recompute), other "
+        "taps splitting where it pays (default: any, or what auto resolved)",
     )
     hy.add_argument(
         "--split-threshold",

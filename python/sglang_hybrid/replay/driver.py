@@ -86,8 +86,8 @@ class ReplaySettings:
     # What the cache runs (never "auto": the CLI resolves it as an H200 with SGLang's default
     # arguments would, ``inpass.replay_default``); split is what a GPU server gets today.
     tap_mode: TapMode = "split"
-    # zero-split: "any" position (the CPU workers, SGLang's Triton prefill) or "chunk" (each
-    # request's 64-token grid from its pass start: SGLang's FlashInfer prefill, the H200 default)
+    # zero-split: "any" position (the CPU workers; SGLang's GPU worker with gdn_taps' recompute)
+    # or "chunk" (each request's 64-token grid from its pass start: no recompute)
     capture_grid: str = "any"
     split_threshold: float = 1.0  # --hybrid-split-threshold (index/split_rule.py)
     overlap: bool = False  # SGLang's overlap loop, for every cache that supports it (--overlap)

@@ -11,11 +11,12 @@ Variants (each a ``report.json`` of ``replay run``, ``report.to_json``), by key:
   before issue #36); optional;
 - ``auto``: the replay's default, what ``--hybrid-tap-mode auto`` resolves to on an H200 with
   SGLang's default arguments (``sglang/inpass.py``; today: split, only where the split pays);
-- ``chunk``: in-pass capture at each request's 64-token grid from its pass start (SGLang's own
-  prefill tracking with the FlashInfer GDN prefill, the H200 default, and ``gdn_taps``' other
-  grid taps), the other exact taps splitting where it pays: what ``auto`` resolves to on an
-  H200 once the GPU check's stage I has verified that path;
-- ``zero_split``: in-pass capture anywhere (the CPU workers; "zero-split everywhere").
+- ``chunk``: in-pass capture at each request's 64-token grid from its pass start only (SGLang's
+  own prefill tracking and ``gdn_taps``' gathers of the other grid taps, without the off-grid
+  recompute), the other exact taps splitting where it pays: what the recompute is worth;
+- ``zero_split``: in-pass capture anywhere ("zero-split everywhere"): the CPU workers, and
+  SGLang's GPU worker with the FlashInfer prefill and the Triton recompute, what ``auto``
+  resolves to on an H200 once the GPU check's stage I has verified that path.
 
 The reference cache ``REFERENCE`` (no_buffer) takes no taps: it runs once, in whichever variant's
 command lists it. Contract:
