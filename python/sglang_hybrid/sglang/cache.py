@@ -156,6 +156,11 @@ class HybridRadixCache(BasePrefixCache):
         index = PrefixIndex(
             self.config, image_bytes=self.image_bytes, slab_bytes=self.slab_bytes, cost=self.cost
         )
+        rule = index.split_rule  # which exact taps end a pass (issue #36, index/split_rule.py)
+        rule.threshold = self.options.split_threshold
+        rule.cost = self.options.split_cost or self.cost
+        rule.grid = self.capture_grid
+        rule.exact_tail = self.options.tail_tap == "exact"
         if self.config.has_host and not self.disable:
             if self.host_tier is not None:
                 self.host_tier.rebind(index)  # a reset keeps the allocation, drops the contents

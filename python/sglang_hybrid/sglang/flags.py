@@ -13,10 +13,10 @@ concurrency and chunk size (:func:`resolve`).
 from __future__ import annotations
 
 import argparse
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from ..index import CacheConfig, resolve_config
+from ..index import CacheConfig, CostModel, resolve_config
 from ..index.config import FLAG_HOST, FLAG_LADDER, FLAG_MIN_GAP, FLAG_SLOTS, FLAG_TAPS
 from ..store.copy_queue import CopyMode
 
@@ -30,6 +30,7 @@ FLAG_HOST_COPY = "--hybrid-host-copy"
 FLAG_HOST_WRITE = "--hybrid-host-write-mib"
 FLAG_CACHE_FILE = "--hybrid-cache-file"
 FLAG_L3 = "--hybrid-l3"
+FLAG_SPLIT = "--hybrid-split-threshold"
 TapMode = Literal["split", "zero-split", "auto"]
 TailTap = Literal["exact", "flexible"]
 
@@ -49,6 +50,10 @@ class HybridOptions:
     host_write_mib: int = 512
     cache_file: str | None = None  # --hybrid-cache-file: the host tier across restarts (§5.5)
     l3: str | None = None  # --hybrid-l3 URL: a third tier shared by a fleet (``l3_tier.py``)
+    split_threshold: float = 1.0  # --hybrid-split-threshold (index/split_rule.py)
+    # The prefill cost the split rule prices a pass and its tokens at; None: the cache's own
+    # (``CostModel()``'s planning values). Not a flag: the replay sets its clock's preset.
+    split_cost: CostModel | None = None
 
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
@@ -124,10 +129,25 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         FLAG_TAP_MODE,
         choices=("split", "zero-split", "auto"),
         default="auto",
-        help="How a tap on the pass's 64-token grid is captured: 'split' ends the prefill pass "
-        "there; 'zero-split' has the model worker copy the state inside the pass (no extra pass; "
-        "needs a worker that offers in-pass state taps); 'auto' takes zero-split where the worker "
-        "offers it, split otherwise (default auto). Taps off the grid (inside a block) split.",
+        help="How a tap inside a prefill pass is captured: 'split' ends the pass there; "
+        "'zero-split' has the model worker copy the state inside the pass (the CPU workers at "
+        "any position; SGLang's GPU worker through its own prefill tracking, at each "
+        "request's 64-token grid with the FlashInfer GDN prefill, anywhere with the Triton one, "
+        "not under full prefill CUDA graphs); 'auto' takes zero-split where the worker's "
+        "in-pass states are exact and the path was verified on this hardware, split otherwise, "
+        "and logs which and why (default auto). Taps the worker cannot capture split where "
+        "the split pays (see --hybrid-split-threshold).",
+    )
+    g.add_argument(
+        FLAG_SPLIT,
+        type=_non_negative_float,
+        default=1.0,
+        metavar="RATIO",
+        help="An exact tap the model worker cannot capture inside a prefill pass ends the pass "
+        "there only when the prefill it is expected to save later requests (how often taps of "
+        "its kind were resumed from, times the tokens it saves over the state they would find "
+        "instead) exceeds RATIO times the cost of one more pass; declined splits are counted "
+        "as the split_declined skip (default 1.0; 0 splits for every exact tap).",
     )
     g.add_argument(
         FLAG_CHECK_RANKS,
@@ -185,6 +205,16 @@ def _non_negative(value: str) -> int:
     return n
 
 
+def _non_negative_float(value: str) -> float:
+    try:
+        x = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value}: give a number >= 0") from None
+    if not x >= 0 or x == float("inf"):
+        raise argparse.ArgumentTypeError(f"{value}: give a finite number >= 0")
+    return x
+
+
 def options_from_namespace(args: argparse.Namespace) -> HybridOptions:
     return HybridOptions(
         host_cache_mib=args.hybrid_host_cache_mib,
@@ -200,6 +230,7 @@ def options_from_namespace(args: argparse.Namespace) -> HybridOptions:
         host_write_mib=args.hybrid_host_write_mib,
         cache_file=getattr(args, "hybrid_cache_file", None),
         l3=getattr(args, "hybrid_l3", None),
+        split_threshold=getattr(args, "hybrid_split_threshold", 1.0),
     )
 
 
@@ -238,7 +269,7 @@ def resolve(
         spare = state_slots - concurrency - 1
         if spare > config.device_snapshot_slots:
             config = _resolve(
-                HybridOptions(**{**asdict(opts), "device_snapshot_slots": spare}),
+                replace(opts, device_snapshot_slots=spare),
                 concurrency=concurrency,
                 chunk_tokens=chunk_tokens,
             )
