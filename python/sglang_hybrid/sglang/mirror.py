@@ -131,14 +131,16 @@ def feed_batch(batch: Any) -> None:
     ``out_cache_loc`` in order. Decode batches: one slot each, at the position just allocated.
     Speculative batches are not mirrored (their kept slots are decided by the verify on the
     device); commits read those from the device instead."""
-    if batch is None or not batch.reqs or not batch.spec_algorithm.is_none():
-        return
-    loc = getattr(batch, "out_cache_loc", None)
-    if loc is None:
+    if batch is None or not batch.reqs:
         return
     mode = batch.forward_mode
     nodes: list[Any] = [getattr(req, "last_node", None) for req in batch.reqs]
     if not any(isinstance(getattr(n, "rows", None), RowMirror) for n in nodes):
+        return
+    if mode.is_extend():
+        _feed_state_slots(batch.reqs, nodes)
+    loc = getattr(batch, "out_cache_loc", None)
+    if loc is None or not batch.spec_algorithm.is_none():
         return
     copy = PassSlots(loc)
     if mode.is_extend():
@@ -147,7 +149,6 @@ def feed_batch(batch: Any) -> None:
             if isinstance(getattr(node, "rows", None), RowMirror):
                 node.rows.put_pending(int(pre), copy, offset, int(ext))
             offset += int(ext)
-        _feed_state_slots(batch.reqs, nodes)
     elif mode.is_decode():
         for i, (req, node) in enumerate(zip(batch.reqs, nodes)):
             if isinstance(getattr(node, "rows", None), RowMirror):

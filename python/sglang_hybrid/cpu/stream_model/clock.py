@@ -67,11 +67,9 @@ class EmuStream:
         return torch.device("cuda", 0)
 
     def wait_stream(self, other: EmuStream) -> None:
-        self.model.check_frees()
         merge(self.clock, other.clock)
 
     def wait_event(self, event: EmuEvent) -> None:
-        self.model.check_frees()
         if event.clock is not None:
             merge(self.clock, event.clock)
 

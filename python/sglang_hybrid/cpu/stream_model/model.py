@@ -140,14 +140,19 @@ class StreamModel:
         return rec is not None and not rec.device and rec.pinned
 
     def check_frees(self) -> None:
+        self._ops += 1
         if self.storages.watch:
             clocks = {s.id: s.clock for s in self.clocks.streams}
-            self.storages.check_frees(clocks, self.clocks.host)
-        self._ops += 1
+            weed = self._ops % 256 == 0
+            self.storages.check_frees(clocks, self.clocks.host, weed=weed)
         if self._ops % 4096 == 0:
             self.storages.weed()
 
     def on_device_alloc(self, executor: int, what: str) -> None:
+        """A device allocation on ``executor``: storages freed since are checked now (the
+        caching allocator would reuse their memory here), with the clocks as they are now: a
+        wait made between the free and this allocation orders the reuse."""
+        self.check_frees()
         if self.storages.quarantine:
             clocks = {s.id: s.clock for s in self.clocks.streams}
             self.storages.check_reuse(executor, clocks, self.clocks.host, what)
@@ -155,6 +160,8 @@ class StreamModel:
     def record_stream(self, t: torch.Tensor, stream: Any) -> None:
         rec = self.storages.get(t)
         if rec is not None and rec.device and isinstance(stream, EmuStream):
+            if rec.recorded is None:
+                rec.recorded = set()
             rec.recorded.add(stream.id)
 
     def residency(self, t: torch.Tensor) -> str:

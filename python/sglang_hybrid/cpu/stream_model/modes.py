@@ -9,8 +9,10 @@ tensor would alias it), each recorded on the stream that runs it.
 ``DispatchMode`` (``__torch_dispatch__``) sees every aten op with its schema: which arguments it
 writes, which outputs are new storages. An op with a device operand (or inside a device region,
 the CPU worker's forward) runs on the current stream; any other op runs on the host. Each access
-is checked by ``storage.Storages``; scalar reads (``item``, ``int()``, ``bool()``, ...),
-``nonzero`` and friends are host syncs.
+is checked by ``storage.Storages`` (on the cells it touches, ``footprint.py``); scalar reads
+(``item``, ``int()``, ``bool()``, ...), ``nonzero`` and friends are host syncs. Inside a device
+region only existing device memory is followed (SGLang's pools, what the cache and SGLang made):
+the worker's own temporaries stand for a kernel's registers and scratch.
 
 Where "cuda" is not written (SGLang's CPU pools say ``device="cpu"``), residency comes from how a
 call names the CPU (``_device_target``): the backend's own device reads ``cuda:0`` under the
@@ -35,7 +37,9 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .clock import HOST
-from .storage import StreamViolation, site
+from .footprint import INDEXED as _INDEXED
+from .footprint import cells_of, indexed
+from .storage import Record, StreamViolation, site
 
 if TYPE_CHECKING:
     from .model import StreamModel
@@ -158,6 +162,7 @@ class OpInfo:
     write_kwargs: tuple[str, ...]
     sync: bool
     copy: bool  # aten::copy_ (transfer semantics)
+    name: str  # schema name (index ops: ``footprint.INDEXED``)
 
 
 _OP_INFO: dict[Any, OpInfo] = {}
@@ -187,9 +192,19 @@ def op_info(func: Any) -> OpInfo:
         write_kwargs=tuple(write_kwargs),
         sync=schema.name in _SYNC_OPS or name in _SYNC_OPS,
         copy=schema.name == "aten::copy_",
+        name=schema.name,
     )
     _OP_INFO[func] = info
     return info
+
+
+def where(t: torch.Tensor, rec: Record, ix: tuple[int, Any] | None = None) -> Any:
+    """The cells of ``rec`` that ``t`` touches (None: the storage is tracked whole)."""
+    if rec.cells is None:
+        return None
+    if ix is not None:
+        return cells_of(t, rec.cells, ix[0], ix[1])
+    return cells_of(t, rec.cells)
 
 
 def _tensors(obj: Any, out: list[torch.Tensor]) -> None:
@@ -215,7 +230,6 @@ class DispatchMode(TorchDispatchMode):
         info = op_info(func)
         if info.meta:
             return func(*args, **kwargs)
-        m.check_frees()
         written: list[torch.Tensor] = []
         for i in info.writes:
             if i < len(args):
@@ -258,9 +272,14 @@ class DispatchMode(TorchDispatchMode):
         clock, ex = stream.clock, stream.id
         what = f"{func}"
         seen = set()
+        ix = None
+        if info.name in _INDEXED and args and isinstance(args[0], torch.Tensor):
+            with m.suspend():
+                ix = indexed(info.name, args)
+        self_t = args[0] if args else None
         for t, rec in recs_in:
             if rec is not None:
-                st.read(rec, ex, tick, clock, what)
+                st.read(rec, ex, tick, clock, what, where(t, rec, ix if t is self_t else None))
                 seen.add(rec.weak.cdata)
             elif m.device_depth == 0 and t.dim() > 0 and not info.copy:
                 m.host_operand(f"{func}", t)
@@ -270,10 +289,11 @@ class DispatchMode(TorchDispatchMode):
         for t, rec in recs_w:
             if rec is None:  # host memory a device op writes (a device-to-host copy)
                 rec = st.adopt(t, device=False, alloc=HOST)
-            st.write(rec, ex, tick, clock, what)
+            st.write(rec, ex, tick, clock, what, where(t, rec, ix if t is self_t else None))
             seen.add(rec.weak.cdata)
         outs: list[torch.Tensor] = []
-        _tensors(out, outs)
+        if m.device_depth == 0:  # the worker's own temporaries are not followed (module doc)
+            _tensors(out, outs)
         for t in outs:
             key = t.untyped_storage()._cdata
             if key in seen:
@@ -326,12 +346,12 @@ class DispatchMode(TorchDispatchMode):
             return
         tick = m.clocks.host_tick()
         host = m.clocks.host
-        for _, rec in recs_in:
+        for t, rec in recs_in:
             if rec is not None:
-                st.read(rec, HOST, tick, host, f"host {func}")
-        for _, rec in recs_w:
+                st.read(rec, HOST, tick, host, f"host {func}", where(t, rec))
+        for t, rec in recs_w:
             if rec is not None:
-                st.write(rec, HOST, tick, host, f"host {func}")
+                st.write(rec, HOST, tick, host, f"host {func}", where(t, rec))
 
 
 class FunctionMode(TorchFunctionMode):
@@ -344,8 +364,8 @@ class FunctionMode(TorchFunctionMode):
     ) -> Any:
         kwargs = kwargs or {}
         m = self.model
-        if not m.suspended:
-            m.check_frees()
+        if m.suspended:
+            return func(*args, **kwargs)
         if func in (_DEVICE_GET, _IS_CUDA_GET):
             return self._device_property(func, args[0])
         if func in _FACTORIES or func in _FROM_DATA:
@@ -490,7 +510,7 @@ class FunctionMode(TorchFunctionMode):
         tick = m.clocks.enqueue(stream)
         what = "host-to-device copy" if device else "device-to-host copy"
         if rec is not None:
-            st.read(rec, stream.id, tick, stream.clock, what)
+            st.read(rec, stream.id, tick, stream.clock, what, where(t, rec))
         pinned_out = not device and non_blocking  # torch pins an async copy's destination
         alloc = stream.id if device else HOST
         if device:
@@ -521,8 +541,8 @@ class FunctionMode(TorchFunctionMode):
         if rec.device:
             stream = m.clocks.current()
             tick = m.clocks.enqueue(stream)
-            m.storages.read(rec, stream.id, tick, stream.clock, what)
+            m.storages.read(rec, stream.id, tick, stream.clock, what, where(t, rec))
             m.host_sync(f"{what} of a device tensor", stream.clock)
             return
         tick = m.clocks.host_tick()
-        m.storages.read(rec, HOST, tick, m.clocks.host, f"host {what}")
+        m.storages.read(rec, HOST, tick, m.clocks.host, f"host {what}", where(t, rec))

@@ -1,11 +1,12 @@
 """Wire a built SGLang ``Scheduler`` (on the CPU, built inside the model) to a ``StreamModel``.
 
-After ``attach`` the scheduler runs as its CUDA branch does: a schedule stream (the loop runs
-inside it: ``InProcessScheduler.stream``), a forward stream and a copy stream of the model, its
-device module the model's ``torch.cuda`` API (``copy_done`` events, ``StreamContext``), and the
-WAR barrier on (``_war_barrier_enabled``, which SGLang enables on CUDA only). The worker's
-forward (``forward_batch_generation``) is a device region. Each entry point of the cache that runs
-per pass on the scheduler's thread (``BUDGETS``) is a budget: a host sync there fails.
+After ``attach`` the scheduler runs as its CUDA branch does: a schedule stream (the calling
+thread's current stream from then on, as the loop thread's is on CUDA), a forward stream and a
+copy stream of the model, its device module the model's ``torch.cuda`` API (``copy_done``
+events, ``StreamContext``), and the WAR barrier on (``_war_barrier_enabled``, which SGLang
+enables on CUDA only). The worker's forward (``forward_batch_generation``) is a device region.
+Each entry point of the cache that runs per pass on the scheduler's thread (``BUDGETS``) is a
+budget: a host sync there fails.
 """
 
 from __future__ import annotations
@@ -74,6 +75,9 @@ def attach(model: StreamModel, scheduler: Any, *, budgets: bool = True) -> None:
     s.copy_stream_ctx = cuda.StreamContext(copy)
     s._war_barrier_enabled = True
     s.stream_model = model
+    # SGLang's loop thread runs inside its schedule stream (``run_event_loop``); in process the
+    # caller's thread is that thread, between steps too (a test calling the cache directly).
+    model.clocks.set_current(schedule)
     runner = getattr(s.tp_worker, "model_runner", None)
     if runner is not None:
         runner.forward_stream = forward
