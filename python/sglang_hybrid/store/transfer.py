@@ -133,7 +133,9 @@ class SlabCopier:
 
     # ---------------------------------------------------------------- staged blocks
     def staged(self, items: Sequence[BlockCopy]) -> bool:
-        return self.kx is not None and bool(items)
+        """Through the extension's staging buffer: only with host slot ids (its ops check
+        their index tables on the host; device ids would be read back there, a sync)."""
+        return self.kx is not None and bool(items) and all(_on_host(it.slots) for it in items)
 
     def _staging_for(self, n: int) -> torch.Tensor:
         buf = self._staging
@@ -146,7 +148,7 @@ class SlabCopier:
     def stage_out(self, items: Sequence[BlockCopy]) -> int:
         """Device blocks -> staging (one launch) -> host slabs (one copy per slab run)."""
         staging = self._staging_for(len(items))
-        slots = self._device_slots(items)
+        slots = self._slot_table(items)
         assert self.kx is not None  # only staged copies (staged(): kx is not None) come here
         self.kx.kv_blocks_to_staging(self.kv_buffers, slots, staging, layout=self.layout)
         return self._slab_runs(items, staging, to_host=True)
@@ -157,13 +159,14 @@ class SlabCopier:
         self._slab_runs(items, staging, to_host=False)
         return staging
 
-    def _device_slots(self, items: Sequence[BlockCopy]) -> torch.Tensor:
-        """The items' slots as one ``[blocks, rows]`` index on the pools' device."""
+    def _slot_table(self, items: Sequence[BlockCopy]) -> torch.Tensor:
+        """The items' host slots as one ``[blocks, rows]`` table, pinned with CUDA pools: the
+        extension checks it on the host and copies it to the device without a wait."""
         slots = torch.stack([it.slots for it in items])
-        return to_device(slots, self.kv_buffers[0].device) if _on_host(slots) else slots
+        return slots.pin_memory() if self.kv_buffers[0].is_cuda else slots
 
     def scatter(self, items: Sequence[BlockCopy], staging: torch.Tensor, layer: int) -> int:
-        slots = self._device_slots(items)
+        slots = self._slot_table(items)
         assert self.kx is not None  # as in stage_out
         return int(
             self.kx.staging_to_kv_blocks(

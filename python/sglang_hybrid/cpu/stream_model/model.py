@@ -232,11 +232,33 @@ class StreamModel:
             lambda d: CUDA if torch.device(d).type == "cpu" else torch.device(d)
         )
         self._undo.append(lambda: self._unregister(previous))
+        self._kernels_are_device_code()
         dispatch, function = DispatchMode(self), FunctionMode(self)
         dispatch.__enter__()
         function.__enter__()
         self._modes = [dispatch, function]
         return self
+
+    def _kernels_are_device_code(self) -> None:
+        """``sgl_kernel_ext``'s ops stand for CUDA kernels: on the CPU they run their torch
+        references, whose host-side steps (a blocking move of an index) a GPU's kernel launch
+        does not have. They run as device regions (on the current stream, no host sync)."""
+        try:
+            import sgl_kernel_ext as kx
+        except ImportError:
+            return
+        model = self
+        names = ("kv_blocks_to_staging", "staging_to_kv_blocks", "gather_conv_taps")
+        for name in (*names, "gather_state_taps"):
+            fn = getattr(kx, name, None)
+            if fn is None:
+                continue
+
+            def region(*args: Any, _fn: Any = fn, **kwargs: Any) -> Any:
+                with model.device_region():
+                    return _fn(*args, **kwargs)
+
+            self._patch(kx, name, region)
 
     @staticmethod
     def _unregister(previous: Callable[[Any], torch.device] | None) -> None:
