@@ -32,7 +32,6 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
 from sglang.srt.mem_cache.base_prefix_cache import (
     BasePrefixCache,
@@ -476,7 +475,8 @@ class HybridRadixCache(BasePrefixCache):
         result is processed."""
         handle: MatchHandle = req.last_node
         base = self.path_device_indices(handle)
-        self._mirror_path(handle)
+        if handle.match is not None:
+            handle.rows.put_path([n.device for n in handle.match.path[: handle.blocks]])
         source = handle.source
         if source is None or not source.tail:
             return base[: req.prefix_len]
@@ -487,24 +487,6 @@ class HybridRadixCache(BasePrefixCache):
             pos = BLOCK_TOKENS * handle.blocks
             handle.rows.put_pending(pos, PassSlots(handle.tail_copy), 0, source.tail_len)
         return torch.cat([base, handle.tail_copy[: source.tail_len]])
-
-    def _mirror_path(self, handle: MatchHandle) -> None:
-        """The path's slots into the request's host row (``bytes`` handles; a device-only
-        handle's positions stay unknown there)."""
-        if handle.match is None:
-            return
-        run: list[bytes] = []
-        start = 0
-        for i, node in enumerate(handle.match.path[: handle.blocks]):
-            h = node.device
-            if isinstance(h, bytes):
-                run.append(h)
-                continue
-            if run:
-                handle.rows.put(start, np.frombuffer(b"".join(run), dtype=np.int32))
-            run, start = [], BLOCK_TOKENS * (i + 1)
-        if run:
-            handle.rows.put(start, np.frombuffer(b"".join(run), dtype=np.int32))
 
     def _copy_tail(self, source: Snapshot) -> torch.Tensor:
         """A private copy of the source's tail KV, on pages the request will own (§6.4). The

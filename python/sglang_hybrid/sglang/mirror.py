@@ -26,6 +26,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..index.keys import BLOCK_TOKENS
+
 
 class PassSlots:
     """Device slot ids copied to the host without waiting; ``host()`` once they have landed."""
@@ -89,6 +91,21 @@ class RowMirror:
     def forget(self, start: int, end: int) -> None:
         """Positions ``[start, end)`` are not mirrored any more."""
         self.put(start, np.full(end - start, -1, dtype=np.int64))
+
+    def put_path(self, handles: list[object]) -> None:
+        """A matched path's block handles from position 0: ``bytes`` ones are the slots (64 a
+        block); a device-only one leaves its block's positions unknown."""
+        run: list[bytes] = []
+        start = 0
+        for i, h in enumerate(handles):
+            if isinstance(h, bytes):
+                run.append(h)
+                continue
+            if run:
+                self.put(start, np.frombuffer(b"".join(run), dtype=np.int32))
+            run, start = [], BLOCK_TOKENS * (i + 1)
+        if run:
+            self.put(start, np.frombuffer(b"".join(run), dtype=np.int32))
 
     def put_pending(self, start: int, copy: PassSlots, offset: int, n: int) -> None:
         """Positions ``[start, start + n)`` hold ``copy``'s values from ``offset`` on."""
