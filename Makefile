@@ -13,7 +13,7 @@ NATIVE_STAMP := $(VENV)/.index-native
 SYSDEPS_STAMP := $(VENV)/.system-deps
 
 .PHONY: venv test lint demo bench-index stress-index stress bench-replay gpu-carry clean-venv \
-	kernel-ext gpu-smoke index-native
+	kernel-ext gpu-smoke index-native stream-sanitizer triton-interpret
 
 venv: $(STAMP) $(KEXT_STAMP) $(NATIVE_STAMP) $(SYSDEPS_STAMP)
 
@@ -78,8 +78,20 @@ TEST_WORKERS ?= 2
 
 # The GPU check's CPU smoke mode (every stage at tiny shapes, ~8 min) is its own target: CI runs
 # the check's dry run (its imports and CUDA-free paths) and the suites it reuses.
+# The CPU stream model's full run of the scheduler suites and the Triton interpreter's long runs
+# are their own targets too (about 15 and 10 minutes on two shared cores); make test runs a
+# subset of each (test_stream_sanitizer*.py, test_triton_interpret.py).
 test: $(STAMP) $(KEXT_STAMP) $(NATIVE_STAMP) $(SYSDEPS_STAMP) lint
-	$(PY) -m pytest -q -m "not gpu_smoke" -n $(TEST_WORKERS) --dist loadfile
+	$(PY) -m pytest -q -m "not gpu_smoke and not stream_model_full and not interpret_slow" \
+		-n $(TEST_WORKERS) --dist loadfile
+
+# Every scheduler suite again under the CPU stream model (docs/sglang-backend.md, "Streams").
+stream-sanitizer: $(STAMP) $(NATIVE_STAMP)
+	$(PY) -m pytest -q -m stream_model_full -n $(TEST_WORKERS) --dist loadfile test/sglang
+
+# SGLang's Triton kernels under Triton's interpreter, the long runs (docs/gpu.md).
+triton-interpret: $(STAMP)
+	$(PY) -m pytest -q -m interpret_slow test/cpu/test_triton_interpret.py
 
 gpu-smoke: $(STAMP) $(KEXT_STAMP)
 	$(PY) -m pytest -q -m gpu_smoke test/gpu

@@ -1,7 +1,10 @@
 """The GPU check of the whole ``--radix-cache hybrid`` path: one run, at most 8 minutes on one H200.
 
 Stages (each in its own process with its own time limit; a stage that fails, raises or runs out
-of time is recorded and the next one runs):
+of time is recorded and the next one runs). A stage's limit on the device is its measured time in
+the CPU smoke mode (``smoke_times.json``, written by ``--record-smoke-times``) times a factor
+stated per stage (``STAGES``); ``--dry-run`` prints ``stage limits: <sum> s of <budget> s``, and
+the JSON keeps each stage's limit and wall time (``device_limits_s``, ``stage_wall_s``):
 
   P   probe    (<1 min): imports SGLang (carried in, ``sgl_kernel`` stubbed), our backend and the
                Triton GDN kernels; versions, the GPU, what was stubbed.
@@ -29,6 +32,9 @@ of time is recorded and the next one runs):
   H   host     (~45 s): the host tier's copies off the scheduler thread (issue #13): a 32k-token
                write-through and restore while a request decodes, async vs inline copies; issue
                time under 1 ms, decode stall, resume position (``stage_host_copies.py``).
+  O   overlap  (~1 min): SGLang's overlap loop with every forward made 20 ms longer by a busy
+               kernel on the forward stream (issue #35), over the exactness programs with the
+               checking worker: outputs equal the uncached run's (``stage_overlap.py``).
   K   kernels  (what the budget leaves, at most 1 min): ``sgl_kernel_ext``'s CUDA ops bit-exact
                against their torch references, and timed (``stage_kernels.py``,
                docs/kernel-ext.md; its library travels in the carry when it was built here).
@@ -61,6 +67,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import subprocess
@@ -75,19 +82,60 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 
-# name: (title, module, seconds on the device, seconds in the CPU smoke mode)
-STAGES: dict[str, tuple[str, str, int, int]] = {
-    "P": ("imports, versions, device", "stage_probe", 50, 240),
-    "A1": ("backend tests with SGLang's pools on the device", "stage_pools", 100, 600),
-    "A2": ("HostTier copies at real per-rank shapes", "stage_shapes", 55, 300),
-    "B": ("SGLang's Scheduler, CUDA model worker, exactness", "stage_scheduler", 210, 900),
-    "C": ("Triton chunk_gated_delta_rule per-chunk states", "stage_chunk", 50, 300),
-    "H": ("host tier off the scheduler thread: issue, stall", "stage_host_copies", 45, 300),
-    "I": ("in-pass taps through SGLang's prefill tracking", "stage_inpass", 40, 180),
+# name: (title, module, device factor, seconds in the CPU smoke mode)
+# A stage's time limit on the device is its CPU smoke run's measured time (``SMOKE_TIMES``, two
+# shared cores) times its factor, at least ``MIN_LIMIT_S``, all scaled down together if they
+# exceed the budget (``device_limits``); the factor says what the device run does beyond the
+# smoke run, per stage:
+#   P   0.3  the same imports, on the device host's idle CPUs (the smoke's took 130 s on two
+#            cores shared with other work).
+#   A1  0.5  the full test files instead of the quick list (about 3x the tests), each test's
+#            scheduler work on a GPU host several times faster than two shared cores.
+#   A2  0.45 real per-rank shapes (GiBs of pools) instead of tiny ones: the copies run on the
+#            copy engines, pool allocation and pinning dominate.
+#   B   0.55 all programs and four configurations instead of the quick subset, a compiled
+#            Triton GDN kernel instead of the torch stand-in, on a faster host.
+#   C   2.5  Qwen3-Next per-rank shapes (T = 8192) through the compiled kernel plus the varlen
+#            gather, instead of tiny shapes through the stand-in; Triton compiles each kernel.
+#   H   0.8  a 32k-token write-through on a copy stream instead of a CPU worker thread.
+#   I   1.0  the same three packed requests at the tiny model's shapes, through the compiled
+#            Triton kernel (and FlashInfer's when carried) instead of the interpreter, timed.
+#   O   0.8  six programs instead of two, each forward 20 ms longer (a busy kernel), without
+#            the CPU stream model's bookkeeping.
+#   K   6    the smoke mode has no CUDA op to run (its time is imports); the device runs and
+#            times every op of the prebuilt library.
+STAGES: dict[str, tuple[str, str, float, int]] = {
+    "P": ("imports, versions, device", "stage_probe", 0.3, 240),
+    "A1": ("backend tests with SGLang's pools on the device", "stage_pools", 0.5, 600),
+    "A2": ("HostTier copies at real per-rank shapes", "stage_shapes", 0.45, 300),
+    "B": ("SGLang's Scheduler, CUDA model worker, exactness", "stage_scheduler", 0.55, 900),
+    "C": ("Triton chunk_gated_delta_rule per-chunk states", "stage_chunk", 2.5, 300),
+    "H": ("host tier off the scheduler thread: issue, stall", "stage_host_copies", 0.8, 300),
+    "I": ("in-pass taps through SGLang's prefill tracking", "stage_inpass", 1.0, 180),
+    "O": ("SGLang's overlap loop, forwards made long: outputs", "stage_overlap", 0.8, 600),
     # Another engineer's stage (docs/kernel-ext.md): last, on whatever the budget leaves.
-    "K": ("sgl_kernel_ext CUDA ops: bit-exact vs references, timed", "stage_kernels", 60, 180),
+    "K": ("sgl_kernel_ext CUDA ops: bit-exact vs references, timed", "stage_kernels", 6.0, 180),
 }
 BUDGET_S = 480  # the whole check on the device (8 minutes)
+MIN_LIMIT_S = 20  # no stage gets less (process start and imports)
+# Measured CPU smoke seconds per stage (``--record-smoke-times`` after a smoke run writes it).
+SMOKE_TIMES = HERE / "smoke_times.json"
+
+
+def device_limits(budget: float = BUDGET_S) -> dict[str, int]:
+    """Each stage's limit on the device: its smoke time times its factor (see ``STAGES``), at
+    least ``MIN_LIMIT_S``; if they add up to more than ``budget`` (a smoke run recorded on a
+    slower day), all are scaled down by one factor so that they fit."""
+    smoke = json.loads(SMOKE_TIMES.read_text())["seconds"]
+    # A stage with no recorded smoke time (new since the last recording) counts its whole smoke
+    # limit: too long rather than cut short.
+    raw = {s: STAGES[s][2] * float(smoke.get(s, STAGES[s][3])) for s in STAGES}
+    scale = min(1.0, budget / sum(max(MIN_LIMIT_S, v) for v in raw.values()))
+    limits = {s: max(MIN_LIMIT_S, math.floor(v * scale)) for s, v in raw.items()}
+    while sum(limits.values()) > budget:  # the floor pushed it over: take from the largest
+        big = max(limits, key=lambda k: limits[k])
+        limits[big] -= 1
+    return limits
 
 
 def result_name(mode: str) -> str:
@@ -135,7 +183,8 @@ def run_stage(args: argparse.Namespace) -> int:
                 mod.dry(ctx)
             else:
                 gpu_env.imports_done()
-                mod.run(ctx)
+                with _interpreter_shims(args.device):
+                    mod.run(ctx)
             ctx.result["error"] = None
         except BaseException as e:  # recorded; the parent moves on to the next stage
             ctx.result["error"] = "".join(traceback.format_exception(e))[-6000:]
@@ -145,6 +194,21 @@ def run_stage(args: argparse.Namespace) -> int:
         done[current] = ctx.result
         write(ctx.result)
     return 0
+
+
+def _interpreter_shims(device: str) -> Any:
+    """On the CPU with ``TRITON_INTERPRET=1``: SGLang's Triton kernels run interpreted, with the
+    shims of ``sglang_hybrid.cpu.triton_interpret`` (stages B and C then use the real kernel)."""
+    import contextlib
+
+    if device == "cuda":
+        return contextlib.nullcontext()
+    from common import add_paths
+
+    add_paths()
+    from sglang_hybrid.cpu.triton_interpret import interpreted, interpreter_on
+
+    return interpreted() if interpreter_on() else contextlib.nullcontext()
 
 
 # ---------------------------------------------------------------- the parent
@@ -221,6 +285,12 @@ def main() -> int:
     ap.add_argument("--out", default=None, help="the JSON file (default: $OUT/... or out/gpu/)")
     ap.add_argument("--budget", type=float, default=BUDGET_S, help="seconds for all stages")
     ap.add_argument(
+        "--record-smoke-times",
+        action="store_true",
+        help="after a CPU smoke run (--device cpu --quick), write each stage's wall time to "
+        "benchmark/gpu/smoke_times.json (the device limits derive from it)",
+    )
+    ap.add_argument(
         "--simulate-device",
         choices=("auto", "on", "off"),
         default="auto",
@@ -276,14 +346,21 @@ def main() -> int:
     print(f"  carry: {carry if carry_built else 'not built (make gpu-carry)'}")
     if mode == "device" and not carry_built:
         print("  WARNING: no carry; SGLang must be importable from this Python")
+    limits = device_limits(args.budget)
+    report["device_limits_s"] = {s: limits[s] for s in stages}
+    report["device_budget_s"] = args.budget
     if mode == "dry-run":
         for s in stages:
-            print(f"  {s:3s} {STAGES[s][0]}")
+            print(f"  {s:3s} {STAGES[s][0]} (limit {limits[s]} s on the device)")
+        total = sum(limits[s] for s in stages)
+        print(f"stage limits: {total} s of {args.budget:g} s")
+        if total > args.budget:
+            print("  the stage limits exceed the budget: lower a factor (STAGES)")
 
     runs = _plan_runs(mode, stages, carry_built, simulate)
     for label, group, flags in runs:
         left = args.budget - (time.perf_counter() - t_start) if mode == "device" else None
-        limit = sum(STAGES[s][2] if mode == "device" else STAGES[s][3] for s in group)
+        limit = sum(limits[s] if mode == "device" else STAGES[s][3] for s in group)
         if left is not None:
             limit = int(min(limit, max(left - 5, 0)))
             if limit < 15:
@@ -291,12 +368,16 @@ def main() -> int:
                     report["stages"][s] = {"status": "skipped", "reason": "out of time budget"}
                 print(f"[{label}] skipped: out of time budget")
                 continue
+        t_stage = time.perf_counter()
         results = _run_child(args, group, flags, limit, carry)
+        wall = time.perf_counter() - t_stage
         for s, res in results.items():
             key = s if label == s else f"{s}.{label}"
             res["status"] = summarize(res)
+            res["wall_s"] = round(wall, 1)  # the stage's process, start to end, as measured here
             report["stages"][key] = res
-            print(f"[{key}] {res['status']} in {res.get('seconds', 0):.1f} s")
+            report.setdefault("stage_wall_s", {})[key] = round(wall, 1)
+            print(f"[{key}] {res['status']} in {res.get('seconds', 0):.1f} s (wall {wall:.1f} s)")
         report["total_seconds"] = time.perf_counter() - t_start
         out.write_text(json.dumps(report, indent=1))
     statuses = {k: v.get("status") for k, v in report["stages"].items()}
@@ -316,7 +397,32 @@ def main() -> int:
     for f in report["summary"]["failed_checks"][:30]:
         print(f"  failed: {f}")
     print(f"wrote {out} ({report['total_seconds']:.0f} s)")
+    if args.record_smoke_times:
+        _record_smoke_times(mode, report)
     return 0 if report["summary"]["status"] == "pass" else 1
+
+
+def _record_smoke_times(mode: str, report: dict[str, Any]) -> None:
+    if mode != "cpu-smoke" or not report["quick"]:
+        raise SystemExit("--record-smoke-times needs a CPU smoke run: --device cpu --quick")
+    # A run of some stages keeps the other stages' recorded times and statuses.
+    prev = json.loads(SMOKE_TIMES.read_text()) if SMOKE_TIMES.exists() else {}
+    seconds = {**prev.get("seconds", {}), **report["stage_wall_s"]}
+    statuses = {**prev.get("statuses", {}), **report["summary"]["stages"]}
+    SMOKE_TIMES.write_text(
+        json.dumps(
+            {
+                "what": "wall seconds of each stage of check_backend.py --device cpu --quick",
+                "written": report["written"],
+                "machine": {k: report["environment"].get(k) for k in ("platform", "cpus")},
+                "statuses": {s: statuses[s] for s in STAGES if s in statuses},
+                "seconds": {s: seconds[s] for s in STAGES if s in seconds},
+            },
+            indent=1,
+        )
+        + "\n"
+    )
+    print(f"wrote {SMOKE_TIMES}")
 
 
 def _plan_runs(

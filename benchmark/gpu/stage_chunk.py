@@ -37,19 +37,37 @@ def shapes(quick: bool) -> dict[str, dict[str, int]]:
     }
 
 
+def interpreted() -> bool:
+    """SGLang's Triton kernels run on the CPU here (``TRITON_INTERPRET=1``, the shims of
+    ``sglang_hybrid.cpu.triton_interpret`` applied by the caller)."""
+    from sglang_hybrid.cpu.triton_interpret import interpreter_on
+
+    return interpreter_on()
+
+
+def real_kernel(ctx: Ctx) -> bool:
+    """SGLang's own kernel runs (on CUDA, or on the CPU under Triton's interpreter)."""
+    return ctx.cuda or interpreted()
+
+
 def kernel(ctx: Ctx) -> tuple[Any, str]:
-    if ctx.cuda:
+    if real_kernel(ctx):
         from sglang.kernels.ops.attention.fla.chunk import chunk_gated_delta_rule
 
-        return chunk_gated_delta_rule, "sglang.kernels.ops.attention.fla.chunk"
+        where = "" if ctx.cuda else " (Triton interpreter, CPU)"
+        return chunk_gated_delta_rule, "sglang.kernels.ops.attention.fla.chunk" + where
     import torch_gdn
 
     return torch_gdn.chunk_gated_delta_rule, "torch stand-in (CPU smoke)"
 
 
-def inputs(s: dict[str, int], device: str, seed: int = 0) -> dict[str, torch.Tensor]:
+def inputs(
+    s: dict[str, int], device: str, seed: int = 0, dtype: torch.dtype | None = None
+) -> dict[str, torch.Tensor]:
+    """Random GDN inputs; bf16 where SGLang's kernel runs (it refuses fp32), fp32 for the
+    stand-in, unless ``dtype`` says."""
     g = torch.Generator(device="cpu").manual_seed(seed)
-    dt = torch.bfloat16 if device == "cuda" else torch.float32
+    dt = dtype or (torch.bfloat16 if device == "cuda" or interpreted() else torch.float32)
     T, Hg, H, K, V = s["T"], s["Hg"], s["H"], s["K"], s["V"]
 
     def rnd(*shape: int) -> torch.Tensor:
@@ -226,16 +244,20 @@ def tiny_model_shapes(ctx: Ctx, fn: Any) -> None:
     )
 
 
-def varlen_gather(ctx: Ctx, fn: Any) -> None:
+VARLEN_SHAPE = {"Hg": 4, "H": 8, "K": 128, "V": 128, "T": 330}
+
+
+def varlen_gather(ctx: Ctx, fn: Any, s: dict[str, int] | None = None) -> float:
     """The backend's zero-split gather (``sglang_hybrid.sglang.gdn_taps``: the plan's chunk
     numbering over a packed batch, ``capture_layer``) on the kernel's ``h`` for two sequences
-    packed with ``cu_seqlens``, against each sequence's own pass cut at the tap."""
+    packed with ``cu_seqlens``, against each sequence's own pass cut at the tap. Returns the
+    worst relative error (``s``: other head sizes, the interpreter's CI run)."""
     from types import SimpleNamespace
 
     from sglang_hybrid.cpu.taps import TAPS_ATTR
     from sglang_hybrid.sglang import gdn_taps
 
-    s = {"Hg": 4, "H": 8, "K": 128, "V": 128, "T": 330}
+    s = dict(s or VARLEN_SHAPE)
     lens, taps = (200, 130), ((64, 100, 128), (64, 90))  # 100, 90: the off-grid recompute
     x = inputs(s, ctx.device, seed=2)
     H, V, K, dev = s["H"], s["V"], s["K"], ctx.device
@@ -301,6 +323,7 @@ def varlen_gather(ctx: Ctx, fn: Any) -> None:
         worst <= 1e-2,
         worst_rel=worst,
     )
+    return worst
 
 
 def run(ctx: Ctx) -> None:
@@ -308,7 +331,7 @@ def run(ctx: Ctx) -> None:
     ctx.note("kernel", source)
     tiny_model_shapes(ctx, fn)
     ctx.flush()
-    if ctx.cuda:  # the CPU stand-in takes equal-length sequences only
+    if real_kernel(ctx):  # the CPU stand-in takes equal-length sequences only
         varlen_gather(ctx, fn)
         ctx.flush()
     results = {}

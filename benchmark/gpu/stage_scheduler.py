@@ -118,11 +118,13 @@ class Capture:
     tokens: list[int] = field(default_factory=list)
 
 
-def make_worker_class(standin_gdn: Any = None) -> type:
+def make_worker_class(standin_gdn: Any = None, interpreted: bool = False) -> type:
     """``CheckWorker``: the model worker plus the provenance records described above.
 
-    ``standin_gdn`` (CPU smoke mode only): a function with the signature of SGLang's Triton
-    ``chunk_gated_delta_rule``, used through the same adapter the CUDA build uses.
+    ``standin_gdn`` (CPU only): a function with the signature of SGLang's Triton
+    ``chunk_gated_delta_rule``, used through the same adapter the CUDA build uses: the torch
+    stand-in (smoke mode), or with ``interpreted`` SGLang's kernel itself under Triton's
+    interpreter (``sglang_hybrid.cpu.triton_interpret``).
     """
     from sglang_hybrid.cpu import gdn_kernels
     from sglang_hybrid.cpu.model_worker import ModelWorker
@@ -134,7 +136,10 @@ def make_worker_class(standin_gdn: Any = None) -> type:
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
-            if standin_gdn is not None:
+            if standin_gdn is not None and interpreted:
+                self.gdn = gdn_kernels.GdnKernels.sglang(standin_gdn, name="sglang-triton")
+                self.gdn_note = "SGLang's Triton chunk_gated_delta_rule, Triton interpreter (CPU)"
+            elif standin_gdn is not None:
                 self.gdn = gdn_kernels.GdnKernels.sglang(standin_gdn, name="sglang-api-torch")
                 self.gdn_note = "CPU smoke: SGLang's kernel API over transformers' torch GDN"
             self.fp = Fingerprint()
@@ -550,13 +555,11 @@ def expected_reuse(name: str, results: dict[str, Any], asked: dict[str, Any]) ->
 
 
 def run_config(ctx: Ctx, name: str, programs: list[str], model: Path, chat: Any) -> dict:
-    from programs import PROGRAMS, Cancel, EvictDevice, Wave
-    from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+    from programs import PROGRAMS
     from sglang.srt.plugins.hook_registry import HookRegistry
 
     from sglang_hybrid.cpu.loop import InProcessScheduler
     from sglang_hybrid.sglang import plugin
-    from sglang_hybrid.sglang.chat_hints import hints_envelope
     from sglang_hybrid.sglang.flags import HybridOptions
 
     ex = _exactness_conftest()
@@ -578,11 +581,20 @@ def run_config(ctx: Ctx, name: str, programs: list[str], model: Path, chat: Any)
         **extra_opts,
     )
     standin = None
+    interpret = False
     if not ctx.cuda:
-        import torch_gdn
+        from stage_chunk import interpreted
 
-        standin = torch_gdn.chunk_gated_delta_rule
-    worker_class = make_worker_class(standin)
+        interpret = interpreted()
+        if interpret:  # SGLang's own kernel, interpreted (the caller applied the shims)
+            from sglang.kernels.ops.attention.fla.chunk import chunk_gated_delta_rule
+
+            standin = chunk_gated_delta_rule
+        else:
+            import torch_gdn
+
+            standin = torch_gdn.chunk_gated_delta_rule
+    worker_class = make_worker_class(standin, interpret)
     dtype = "bfloat16"  # as served; the CPU smoke mode runs the same dtype path
     t0 = time.perf_counter()
     all_programs = {
@@ -600,57 +612,18 @@ def run_config(ctx: Ctx, name: str, programs: list[str], model: Path, chat: Any)
         server_args_attrs={"_hybrid_options": options},
         **cfg,
     )
-    results: dict[str, Any] = {}
-    reqs: dict[str, Any] = {}
-    asked: dict[str, Any] = {}
     try:
         worker = sched.worker
         import sglang.srt.managers.scheduler as scheduler_module
+        from program_driver import drive
 
-        for pname in programs:
-            sched.scheduler.flush_cache()
-            forced = pname == "retraction"
-            scheduler_module.TEST_RETRACT = forced
+        def before(pname: str) -> None:
+            scheduler_module.TEST_RETRACT = pname == "retraction"
             scheduler_module.TEST_RETRACT_INTERVAL = RETRACT[
                 "quick_interval" if ctx.quick else "interval"
             ]
-            gen = all_programs[pname](chat, random.Random(pname))
-            step = next(gen)
-            while True:
-                if isinstance(step, Wave):
-                    for r in step.reqs:
-                        attrs: dict[str, Any] = {}
-                        if r.hints:
-                            attrs["kv_hints"] = hints_envelope(r.hints)
-                        if r.disabled:
-                            attrs["skip_radix_cache_insert"] = True
-                        if r.rid.startswith("rt-"):  # the retraction program decodes to the end
-                            attrs["sampling_overrides"] = {"ignore_eos": True}
-                        reqs[r.rid] = sched.submit(r.rid, r.ids, r.max_new, **attrs)
-                        asked[r.rid] = r
-                    sched.run_until_idle()
-                elif isinstance(step, Cancel):
-                    r = step.req
-                    reqs[r.rid] = sched.submit(r.rid, r.ids, r.max_new)
-                    asked[r.rid] = r
-                    for _ in range(step.after_chunks):
-                        sched.step()
-                    sched.abort(r.rid)
-                    sched.run_until_idle()
-                elif isinstance(step, EvictDevice):
-                    tc = sched.tree_cache
-                    if tc.host_tier is not None:
-                        tc.evict(EvictParams(num_tokens=1 << 30))
-                        for s in list(tc.index.snapshots.values()):
-                            if s.image_on_host and s.image_on_device and not s.restore_pins:
-                                tc.index.drop_image_device(s)
-                for rid, res in sched.results().items():
-                    if res.finished:
-                        results[rid] = res
-                try:
-                    step = gen.send(results)
-                except StopIteration:
-                    break
+
+        asked, reqs, results = drive(sched, programs, all_programs, chat, before_program=before)
         run_s = time.perf_counter() - t0
         t1 = time.perf_counter()
         checks = verify(worker, reqs)

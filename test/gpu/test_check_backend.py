@@ -22,7 +22,7 @@ CHECK = ROOT / "benchmark" / "gpu" / "check_backend.py"
 sys.path.insert(0, str(ROOT / "benchmark" / "gpu"))
 
 
-def _run(args: list[str], out: Path, timeout: int) -> dict:
+def _run(args: list[str], out: Path, timeout: int, stdout: list[str] | None = None) -> dict:
     # As on the device: a fresh environment, not what earlier tests of this process exported
     # (installing the CPU worker sets SGLANG_MAMBA_CONV_DTYPE=float32 process-wide).
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_", "SGLANG_HYBRID"))}
@@ -35,6 +35,8 @@ def _run(args: list[str], out: Path, timeout: int) -> dict:
         env=env,
     )
     assert out.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
+    if stdout is not None:
+        stdout.append(proc.stdout)
     report = json.loads(out.read_text())
     failed = report["summary"]["failed_checks"]
     errors = {k: v.get("error") for k, v in report["stages"].items() if v.get("error")}
@@ -43,10 +45,18 @@ def _run(args: list[str], out: Path, timeout: int) -> dict:
 
 
 def test_dry_run_checks_every_stage_without_cuda(tmp_path: Path) -> None:
-    report = _run(["--dry-run"], tmp_path / "dry.json", timeout=900)
+    printed: list[str] = []
+    report = _run(["--dry-run"], tmp_path / "dry.json", timeout=900, stdout=printed)
     assert report["mode"] == "dry-run"
     stages = report["stages"]
-    from check_backend import STAGES
+    from check_backend import BUDGET_S, STAGES, device_limits
+
+    # One line with the device limits' sum, within the budget; each limit from the smoke time.
+    lines = [ln for ln in printed[0].splitlines() if ln.startswith("stage limits: ")]
+    limits = device_limits()
+    assert lines == [f"stage limits: {sum(limits.values())} s of {BUDGET_S:g} s"], lines
+    assert sum(limits.values()) <= BUDGET_S
+    assert report["device_limits_s"] == limits and set(limits) == set(STAGES)
 
     for stage in STAGES:
         assert stages[f"{stage}.venv"]["status"] == "pass", stage

@@ -36,6 +36,11 @@ Contract:
 - ``device="cuda"`` (a ServerArgs override) builds SGLang's pools on the GPU and runs every
   step inside the Scheduler's schedule stream, as ``run_event_loop`` does on CUDA; the model
   worker then computes on the GPU in ``dtype`` (the GPU check, ``benchmark/gpu/``).
+- ``stream_model=StreamModel(...)`` (``cpu/stream_model``) runs the scheduler under the CPU
+  stream model: it is entered before the Scheduler is built (so SGLang's pools are device memory
+  and the cache sees ``cuda:0``), attached once it is (the scheduler's streams become the
+  model's, the cache's per-pass entry points become budgets), steps run inside the schedule
+  stream, and ``close`` leaves it.
 """
 
 from __future__ import annotations
@@ -105,7 +110,45 @@ class InProcessScheduler:
         record_logits: bool = False,
         worker_class: type | None = None,
         server_args_attrs: dict[str, Any] | None = None,
+        stream_model: Any = None,
         **server_args_overrides: Any,
+    ) -> None:
+        self.stream_model = stream_model
+        if stream_model is None:
+            self._build(
+                model_path,
+                worker,
+                record_logits,
+                worker_class,
+                server_args_attrs,
+                server_args_overrides,
+            )
+            return
+        stream_model.__enter__()
+        try:
+            self._build(
+                model_path,
+                worker,
+                record_logits,
+                worker_class,
+                server_args_attrs,
+                server_args_overrides,
+            )
+            from sglang_hybrid.cpu.stream_model.scheduler import attach
+
+            attach(stream_model, self.scheduler)
+        except BaseException:
+            stream_model.__exit__(None, None, None)
+            raise
+
+    def _build(
+        self,
+        model_path: str | os.PathLike[str],
+        worker: WorkerKind,
+        record_logits: bool,
+        worker_class: type | None,
+        server_args_attrs: dict[str, Any] | None,
+        server_args_overrides: dict[str, Any],
     ) -> None:
         from sglang.srt.managers.scheduler import Scheduler
         from sglang.srt.runtime_context import SpawnRanks, publish
@@ -185,7 +228,7 @@ class InProcessScheduler:
         """The Scheduler's schedule stream as a context (SGLang's event loop runs inside it on
         CUDA, and the forward runs on it with overlap off); nothing on the CPU."""
         s = self.scheduler
-        if s.device == "cpu":
+        if s.device == "cpu" and self.stream_model is None:
             return contextlib.nullcontext()
         return s.device_module.StreamContext(s.schedule_stream)
 
@@ -211,6 +254,8 @@ class InProcessScheduler:
                 close(linger=0)
         _disarm_watchdogs(self.scheduler)
         _destroy_parallel_runtime()
+        if self.stream_model is not None:
+            self.stream_model.__exit__(None, None, None)
 
     def __enter__(self) -> InProcessScheduler:
         return self

@@ -49,7 +49,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -114,21 +114,31 @@ def is_interpreted(kernel: Any) -> bool:
 
 
 @contextlib.contextmanager
-def interpreted() -> Iterator[None]:
-    """Within the block, SGLang's Triton kernels run on CPU tensors (the module docstring's three
-    shims); everything is restored on exit. Imports the FLA package (so its aliases exist to
-    rebind); needs ``enable_interpreter()`` (or ``TRITON_INTERPRET=1``) first."""
+def interpreted(*, without: Iterable[str] = ()) -> Iterator[None]:
+    """Within the block, SGLang's Triton kernels run on CPU tensors (the module docstring's
+    shims, ``SHIMS``); everything is restored on exit. Imports the FLA package (so its aliases
+    exist to rebind); needs ``enable_interpreter()`` (or ``TRITON_INTERPRET=1``) first.
+    ``without``: shim names left out (tests showing what each one is for)."""
     if not interpreter_on():
         raise RuntimeError(f"{INTERPRET_ENV}=1 or enable_interpreter() must come first")
+    skip = set(without)
+    unknown = skip - {s.name for s in SHIMS}
+    if unknown:
+        raise ValueError(f"unknown shims {sorted(unknown)}; known: {[s.name for s in SHIMS]}")
     import importlib
 
     importlib.import_module("sglang.kernels.ops.attention.fla.chunk")
+    apply = {
+        "device_ctx": _shim_device_ctx,
+        "autotune": _shim_autotune,
+        "tl_aliases": _shim_tl_aliases,
+        "bf16_math": _shim_bf16_math,
+    }
     undo: list[Callable[[], None]] = []
     try:
-        undo.append(_shim_device_ctx())
-        undo.append(_shim_autotune())
-        undo.append(_shim_tl_aliases())
-        undo.append(_shim_bf16_math())
+        for shim in SHIMS:
+            if shim.name not in skip:
+                undo.append(apply[shim.name]())
         yield
     finally:
         for restore in reversed(undo):

@@ -49,7 +49,7 @@ from sglang.srt.mem_cache.base_prefix_cache import (
 
 from ..index import BLOCK_TOKENS, CacheConfig, CostModel, Lane, Match, PrefixIndex, Snapshot
 from ..index.admission import cheapest
-from ..store.device import DevicePools, handle_to_slots, handles_to_slots
+from ..store.device import DevicePools, handle_to_slots, handles_to_slots, pool_device
 from ..store.layout import build_layout
 from .coalesce import Coalescer
 from .flags import HybridOptions
@@ -57,6 +57,7 @@ from .host_tier import HostTier
 from .l3_tier import L3Tier
 from .load_back import LoadBack
 from .metrics import CacheMetrics, with_dp_rank
+from .mirror import PassSlots, feed_batch
 from .pages import alloc_evicting, ceil_to, free_dropped
 from .publish import Publisher
 from .ranks import RankCheck
@@ -98,7 +99,7 @@ class HybridRadixCache(BasePrefixCache):
         kv_pool = self.token_to_kv_pool_allocator.get_kvcache()
         # Every tensor handed to SGLang's pools and allocators is made on this device (the KV
         # pool's and the MambaPool's); "cpu" strings in this package only name host metadata.
-        self.device = torch.device(kv_pool.device)
+        self.device = pool_device(kv_pool)
         # Speculative decoding: the draft model's KV pools (``draft.py``) move with the target's.
         self.pools = DevicePools(kv_pool, r2t.mamba_pool, self.device, draft_kv_pools)
         cache = r2t.mamba_pool.mamba_cache
@@ -110,8 +111,10 @@ class HybridRadixCache(BasePrefixCache):
         self.cost = cost or CostModel()
         self.root_node = MatchHandle(None, None, 0)
         # Index snapshot slot -> MambaPool slot id; only changed by _reserve_slots, reset and
-        # swap_state_slot.
+        # swap_state_slot. ``_slot_table`` holds the same ids on the device, so a slot handed to
+        # SGLang (a copy-on-write source, a free) never needs a host-to-device copy.
         self._slot_ids: list[int] = []
+        self._slot_table: torch.Tensor | None = None
         # The host tier's copies (``host_tier.py``), with ``--hybrid-host-cache-mib``; the index's
         # own ``host`` is the slab pool they copy into.
         self.host_tier: HostTier | None = None
@@ -231,7 +234,9 @@ class HybridRadixCache(BasePrefixCache):
                 f"{self.mamba_allocator.available_size()} MambaPool slots are free; raise "
                 f"--max-mamba-cache-size or lower --hybrid-device-snapshot-slots"
             )
+        # One device->host read per reservation (startup, and after a flush), never per pass.
         self._slot_ids = [int(x) for x in got.tolist()]
+        self._slot_table = got.to(torch.int64).clone()
         return True
 
     def after_flush(self) -> None:
@@ -242,6 +247,12 @@ class HybridRadixCache(BasePrefixCache):
 
     def slot_id(self, slot: int) -> int:
         return self._slot_ids[slot]
+
+    def slot_index(self, slot: int) -> torch.Tensor:
+        """The MambaPool slot of snapshot slot ``slot`` as a one-element device tensor (a copy:
+        the table changes when an endpoint takes a request's slot)."""
+        assert self._slot_table is not None  # (slots are reserved: _slot_ids is not empty)
+        return self._slot_table[slot : slot + 1].clone()
 
     @property
     def snapshot_slot_count(self) -> int:
@@ -256,8 +267,11 @@ class HybridRadixCache(BasePrefixCache):
     def swap_state_slot(self, slot: int, state_slot: int) -> None:
         """Snapshot slot ``slot`` becomes MambaPool slot ``state_slot`` (an endpoint takes its
         request's state slot, §7.7); the slot it displaced goes back to SGLang."""
-        old, self._slot_ids[slot] = self._slot_ids[slot], state_slot
-        self.mamba_allocator.free(torch.tensor([old], dtype=torch.int64, device=self.device))
+        assert self._slot_table is not None
+        old = self.slot_index(slot)
+        self._slot_ids[slot] = state_slot
+        self._slot_table[slot] = state_slot  # a fill on the device: no host wait
+        self.mamba_allocator.free(old)
 
     # ================================================================ SGLang contract: sizes
     def supports_mamba(self) -> bool:
@@ -293,6 +307,7 @@ class HybridRadixCache(BasePrefixCache):
         """Drop everything. SGLang clears its pools right after (flush), freeing our slots too."""
         self.index = self._new_index()
         self._slot_ids = []
+        self._slot_table = None
         if self.coalescer is not None:
             self.coalescer.on_reset()
         if self.l3 is not None:
@@ -399,9 +414,7 @@ class HybridRadixCache(BasePrefixCache):
                 return False
             kv.mamba_pool_idx = dst[0]
         kv.mamba_needs_clear = False
-        kv.mamba_cow_src_index = torch.tensor(
-            [self.slot_id(source.device_slot)], dtype=torch.int64, device=self.device
-        )
+        kv.mamba_cow_src_index = self.slot_index(source.device_slot)
         return True
 
     # ================================================================ lock
@@ -465,8 +478,14 @@ class HybridRadixCache(BasePrefixCache):
         return handles_to_slots((n.device for n in path), self.device)
 
     def prefix_device_indices(self, req: Req) -> torch.Tensor:
+        """The request's prefix slots, on the device (SGLang writes them into its row). The
+        host mirror of the row (``mirror.py``) learns them here: the path's handles on the
+        host directly, a tail copy's fresh pages through a copy that lands before this pass's
+        result is processed."""
         handle: MatchHandle = req.last_node
         base = self.path_device_indices(handle)
+        if handle.match is not None:
+            handle.rows.put_path([n.device for n in handle.match.path[: handle.blocks]])
         source = handle.source
         if source is None or not source.tail:
             return base[: req.prefix_len]
@@ -474,10 +493,14 @@ class HybridRadixCache(BasePrefixCache):
             handle.tail_copy = self._copy_tail(source)
             if handle.state is not None:
                 handle.state.tail_copied = source.tail_len
+            pos = BLOCK_TOKENS * handle.blocks
+            handle.rows.put_pending(pos, PassSlots(handle.tail_copy), 0, source.tail_len)
         return torch.cat([base, handle.tail_copy[: source.tail_len]])
 
     def _copy_tail(self, source: Snapshot) -> torch.Tensor:
-        """A private copy of the source's tail KV, on pages the request will own (§6.4)."""
+        """A private copy of the source's tail KV, on pages the request will own (§6.4). The
+        copy runs on the forward stream under overlap scheduling, ordered after the schedule
+        stream's allocation and index transfer (``DevicePools.copy_kv``)."""
         t = source.tail_len
         need = ceil_to(t, self.page_size)
         dst = alloc_evicting(self.token_to_kv_pool_allocator, need, self.evict_tokens)
@@ -489,6 +512,12 @@ class HybridRadixCache(BasePrefixCache):
         src = handle_to_slots(source.tail_device, self.device)
         self.pools.copy_kv(dst[:t], src[:t])
         return dst
+
+    def after_batch_built(self, batch: ScheduleBatch | None) -> None:
+        """SGLang built ``batch`` (not launched yet): mirror the slots it allocated to the host
+        without waiting (``mirror.feed_batch``)."""
+        if not self.disable:
+            feed_batch(batch)
 
     # ================================================================ checkpoints (``publisher``)
     def checkpoint(self, req: Req, *, up_to: int, **kwargs: object) -> None:
@@ -607,7 +636,9 @@ class HybridRadixCache(BasePrefixCache):
         return handles_to_slots(handles, self.device)
 
     def all_mamba_values_flatten(self) -> torch.Tensor:
-        return torch.tensor(self._slot_ids, dtype=torch.int64, device=self.device)
+        if self._slot_table is None:
+            return torch.empty(0, dtype=torch.int64, device=self.device)
+        return self._slot_table.clone()
 
     def sanity_check(self) -> None:
         self.index.check_integrity()

@@ -34,7 +34,7 @@ import torch
 from ..index import BLOCK_TOKENS, BlockNode, Lane, PrefixIndex, Snapshot
 from ..index.node import FastResidency
 from ..store.copy_queue import CopyMode, ThreadQueue, make_queue
-from ..store.device import DevicePools, handle_to_slots, handles_to_slots, slots_to_handle
+from ..store.device import DevicePools, DeviceSlots, handle_to_slots, handles_to_slots
 from ..store.host_memory import HostMemory
 from ..store.layout import SlabLayout
 from ..store.transfer import BlockCopy, SlabCopier, TransferBatch
@@ -111,7 +111,8 @@ class HostTier:
         self.pools = pools
         self.allocator = allocator
         self.page_size = page_size
-        self.memory = HostMemory(index.host)
+        # Pinned when the pools are on a GPU (copies overlap compute; async device-to-host).
+        self.memory = HostMemory(index.host, pin=pools.device.type == "cuda")
         self.queue = make_queue(copy_mode, pools.device)
         # A copy worker thread (the CPU's asynchronous queue) re-takes the GIL after every torch
         # call: it gathers blocks through one staging buffer (sgl_kernel_ext's torch reference,
@@ -317,8 +318,8 @@ class HostTier:
             return 0
         slabs, tail_slab = plan
         tail = None
-        if tail_slab >= 0:
-            tail = BlockCopy(handle_to_slots(s.tail_device, "cpu")[: s.tail_len], tail_slab)
+        if tail_slab >= 0:  # host slot ids, or device ones used as indices (store.transfer)
+            tail = BlockCopy(_host_or_device(s.tail_device)[: s.tail_len], tail_slab)
         nbytes = self.layout.image_bytes + (self.layout.block_bytes if tail is not None else 0)
 
         def done(moved: int) -> None:
@@ -341,7 +342,7 @@ class HostTier:
         blocks: list[BlockCopy],
         *,
         to_host: bool,
-        image: tuple[int, Any] | None = None,
+        image: tuple[int | torch.Tensor, Any] | None = None,
         tail: BlockCopy | None = None,
     ) -> int:
         """One operation's copies in forward order, on the queue's stream or thread."""
@@ -360,15 +361,16 @@ class HostTier:
         handle: Any,
         lane: Lane,
         source: Snapshot,
-        state_slot: int | None,
+        state_slot: torch.Tensor | None,
         staging: torch.Tensor | None = None,
     ) -> PendingRestore | None:
         """Issue the restore of ``source``'s host-only path blocks, tail and image (§6.4-6.5).
 
         ``lane`` (the handle's, opened by the caller) pins the path. Destinations are fresh
-        device pages (blocks and tail) and ``state_slot`` (the image: the request's own slot inline,
-        the ``staging`` slot the caller allocated when asynchronous). None: no
-        room for the pages even after evicting (nothing was touched). Otherwise the restore is
+        device pages (blocks and tail) and ``state_slot`` (the image: the request's own slot
+        inline, the ``staging`` slot the caller allocated when asynchronous; a one-element device
+        index, never read on the host). None: no room for the pages even after evicting (nothing
+        was touched). Otherwise the restore is
         tracked in ``restores`` until it retires: ``done``, or ``failed`` (every destination
         handed back; the request resumes from a device source or recomputes). With the inline
         queue it has retired when this returns.
@@ -382,14 +384,14 @@ class HostTier:
         if need and dst is None:
             self.skips.note("restore_abandoned", f"no room for {need} device tokens")
             return None
-        # Slot ids are copy metadata and index handles: one device->host read for the batch.
-        host_dst = dst.cpu() if dst is not None else None
-        items = self._begin_fills(missing, host_dst)
+        # The pages' slot ids stay on the device (handles and copy indices alike): reading
+        # them would wait for the device (issue #35).
+        items = self._begin_fills(missing, dst)
         tail = None
         if tail_missing:
-            assert host_dst is not None  # tail_missing makes need > 0: dst was allocated above
-            slots = host_dst[BLOCK_TOKENS * len(missing) :]
-            self.index.transfers.begin_tail_fill(source, slots_to_handle(slots), tail_tokens)
+            assert dst is not None  # tail_missing makes need > 0: dst was allocated above
+            slots = dst[BLOCK_TOKENS * len(missing) :]
+            self.index.transfers.begin_tail_fill(source, DeviceSlots(slots), tail_tokens)
             tail = BlockCopy(slots[: source.tail_len], source.tail_host_slab)
         image = None
         if not source.image_on_device:
@@ -426,15 +428,15 @@ class HostTier:
         return pending
 
     def _begin_fills(self, nodes: list[BlockNode], slots: torch.Tensor | None) -> list[BlockCopy]:
-        """Mark ``nodes`` Filling into consecutive 64-slot rows of ``slots``; their copies."""
+        """Mark ``nodes`` Filling into consecutive 64-slot rows of ``slots`` (fresh device
+        pages: their handles stay on the device); their copies."""
         if not nodes:
             return []
         assert slots is not None
         rows = slots[: BLOCK_TOKENS * len(nodes)].view(len(nodes), BLOCK_TOKENS)
-        packed = rows.to(torch.int32).numpy()  # one conversion; a handle is a row's bytes
         items = []
         for i, node in enumerate(nodes):
-            self.index.transfers.begin_node_fill(node, packed[i].tobytes())
+            self.index.transfers.begin_node_fill(node, DeviceSlots(rows[i]))
             items.append(BlockCopy(rows[i], node.host_slab))
         return items
 
@@ -486,7 +488,7 @@ class HostTier:
             self.index.transfers.unpin_for_prefetch(held)
             return 0
         chosen = missing[:count]
-        items = self._begin_fills(chosen, dst.cpu())
+        items = self._begin_fills(chosen, dst)
 
         def done(moved: int) -> None:
             for node in chosen:
@@ -530,6 +532,14 @@ class HostTier:
 
 
 def _block_copies(handles: list[Any], slabs: list[int]) -> list[BlockCopy]:
-    """Block copies from device handles (64 packed slots each), converted in one go."""
-    rows = handles_to_slots(handles, "cpu").view(len(slabs), BLOCK_TOKENS)
-    return [BlockCopy(rows[i], slab) for i, slab in enumerate(slabs)]
+    """Block copies from device handles (64 slots each): ``bytes`` ones converted to host
+    metadata in one go, device ones (``DeviceSlots``) used as device indices."""
+    if not any(isinstance(h, DeviceSlots) for h in handles):
+        rows = handles_to_slots(handles, "cpu").view(len(slabs), BLOCK_TOKENS)
+        return [BlockCopy(rows[i], slab) for i, slab in enumerate(slabs)]
+    return [BlockCopy(_host_or_device(h), slab) for h, slab in zip(handles, slabs)]
+
+
+def _host_or_device(handle: object) -> torch.Tensor:
+    """A handle's slots: on the host for ``bytes``, the device tensor for ``DeviceSlots``."""
+    return handle_to_slots(handle, "cpu")

@@ -128,7 +128,8 @@ class LoadBack:
             # counted as evictable. Only what the pass has left may go to it; else it waits for
             # the next pass.
             return None
-        image_slot: int | None = None
+        # The image's destination slot as a device index: its id is not read on the host.
+        image_slot: torch.Tensor | None = None
         staging: torch.Tensor | None = None
         if source.image_on_device:
             pass  # copy-on-write from the source's slot (pinned by the lane)
@@ -138,7 +139,8 @@ class LoadBack:
                 if got is None:
                     return None
                 kv.mamba_pool_idx = got[0]
-            image_slot = star.slot_of(req)
+            assert kv.mamba_pool_idx is not None
+            image_slot = kv.mamba_pool_idx.reshape(1).to(torch.int64)
         else:
             # The request is not admitted in this pass, and SGLang frees the state slot of a
             # request it did not admit: the image lands in a slot of the cache's own, which the
@@ -153,7 +155,7 @@ class LoadBack:
             staging = self.mamba_allocator.alloc(1)
             if staging is None:
                 return None
-            image_slot = int(staging[0])  # one device->host read per restore (copy metadata)
+            image_slot = staging.reshape(1).to(torch.int64)
         assert star.match is not None and star.state is not None
         state = star.state
         lane = self.cache.index.open_lane(star.match, source, enabled=state.enabled)
@@ -230,9 +232,7 @@ class LoadBack:
         source = pending.handle.source
         kv.mamba_needs_clear = False
         if pending.image_on_device:
-            kv.mamba_cow_src_index = torch.tensor(
-                [self.cache.slot_id(source.device_slot)], dtype=torch.int64, device=self.device
-            )
+            kv.mamba_cow_src_index = self.cache.slot_index(source.device_slot)
         elif pending.staging is not None:
             kv.mamba_cow_src_index = pending.staging.reshape(1).to(torch.int64)
         else:

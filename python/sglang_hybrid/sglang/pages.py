@@ -10,6 +10,11 @@ Contract:
 - ``ceil_to(tokens, page_size)``: the tokens of the whole pages ``tokens`` occupy.
 - ``free_dropped(allocator, dropped, device)``: the pages of the index's dropped blocks
   (``PrefixIndex.drain_freed_device``) back to the allocator, in one call, on ``device``.
+- ``free_slots(allocator, slots)``: whole pages' slots back without a host wait. With pages of
+  more than one token SGLang's ``free`` deduplicates page ids with ``torch.unique``, which waits
+  for the device (issue #35); every slot list the cache frees is whole pages in order (blocks,
+  tails rounded up to pages, restore pages), so each page is named once, by its first slot,
+  through ``free_page_ids``.
 """
 
 from __future__ import annotations
@@ -20,6 +25,15 @@ from typing import Any
 import torch
 
 from ..store.device import handles_to_slots
+
+
+def free_slots(allocator: Any, slots: torch.Tensor) -> None:
+    """Return whole pages (``slots``: each page's slots, in order) to SGLang's allocator."""
+    page = int(getattr(allocator, "page_size", 1))
+    if page == 1 or not hasattr(allocator, "free_page_ids"):
+        allocator.free(slots)
+        return
+    allocator.free_page_ids(slots[::page] // page)
 
 
 def ceil_to(x: int, m: int) -> int:
@@ -47,5 +61,5 @@ def free_dropped(
 ) -> None:
     """Hand the dropped blocks' pages back to ``allocator`` in one call (nothing if none)."""
     handles = [h for h, _ in dropped]
-    if handles:  # the index stores device handles as bytes (store.device)
-        allocator.free(handles_to_slots(handles, device))
+    if handles:  # bytes or device handles (store.handles): whole pages either way
+        free_slots(allocator, handles_to_slots(handles, device))

@@ -388,11 +388,16 @@ def _before_batch_result(scheduler: Any, batch: Any, *args: Any, **kwargs: Any) 
 
 
 def _after_next_batch(plan: Any, scheduler: Any, *args: Any, **kwargs: Any) -> None:
-    """The TP rank check (``ranks.py``): record what this pass decided, compare if asked."""
-    cache = getattr(scheduler, "tree_cache", None)
-    check = getattr(cache, "rank_check", None)
+    """The batch is built, not launched: the cache mirrors the slots SGLang allocated for it to
+    the host without waiting (``mirror.py``); the TP rank check (``ranks.py``) records what
+    this pass decided and compares if asked."""
+    batch = getattr(plan, "batch_to_run", None)
+    cache = _cache_of(scheduler)
+    if cache is not None and batch is not None:
+        cache.after_batch_built(batch)
+    check = getattr(getattr(scheduler, "tree_cache", None), "rank_check", None)
     if check is not None:
-        check.after_pass(scheduler, getattr(plan, "batch_to_run", None))
+        check.after_pass(scheduler, batch)
 
 
 def _cached_tokens_details(result: Any, streamer: Any, req: Any, *args: Any) -> Any:

@@ -8,12 +8,17 @@ repointed) and the taps due there are taken (a copy of the live state into a sna
 §7.4; an exact tap inside a block also copies the partial block's KV as its tail). At finish the
 endpoint takes the request's state slot itself and the partial last block's pages as its tail
 (§7.7). A chunked prefill being cancelled publishes what its last pass computed first.
+
+No host sync (issue #35): the request's slot ids come from its host row mirror (``mirror.py``),
+or stay on the device (``DeviceSlots`` handles) where the mirror does not cover them; its
+MambaPool slot is used as a device index, or read from the mirror at finish.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 from ..cpu.taps import TAPS_ATTR, TAPS_DONE_ATTR, mark_tap_done
@@ -25,9 +30,10 @@ from ..index import (
     Snapshot,
     SnapshotKind,
 )
-from ..store.device import block_handles, handles_to_slots, slots_to_handle
+from ..store.device import DeviceSlots, block_handles, handles_to_slots, slots_to_handle, to_device
+from ..store.handles import device_block_handles
 from .hints import pins_endpoint, tap_hints
-from .pages import alloc_evicting, ceil_to
+from .pages import alloc_evicting, ceil_to, free_slots
 from .request import ATTR, InPassTap, MatchHandle, ReqState, key_for
 
 if TYPE_CHECKING:
@@ -152,7 +158,7 @@ class Publisher:
         key = state.key
         if up_to > key.n:
             key = key_for(state, req.full_untruncated_fill_ids, up_to)
-        self._commit(lane, key, row, up_to)
+        self._commit(handle, lane, key, row, up_to)
         protected = BLOCK_TOKENS * len(lane.path)
         if handle.inpass:
             self._settle_inpass(req, handle, state, lane, key, row, up_to)
@@ -163,21 +169,35 @@ class Publisher:
         req.kv.cache_protected_len = max(req.kv.cache_protected_len, protected)
         self.cache.free_dropped()
 
-    def _commit(self, lane: Lane, key: PromptKey, row: torch.Tensor, up_to: int) -> None:
+    def _commit(
+        self, handle: MatchHandle, lane: Lane, key: PromptKey, row: torch.Tensor, up_to: int
+    ) -> None:
         start = len(lane.path)
         end = up_to // BLOCK_TOKENS
         if end <= start:
             return
-        # One handle per block, split in C; the index takes the ones it keeps by position.
-        handles = block_handles(row[BLOCK_TOKENS * start : BLOCK_TOKENS * end])
+        a, b = BLOCK_TOKENS * start, BLOCK_TOKENS * end
+        # One handle per block; the index takes the ones it keeps by position. From the host
+        # mirror (bytes, split in C), else kept on the device.
+        host = handle.rows.read(a, b)
+        handles: list[bytes] | list[DeviceSlots]
+        handles = block_handles(host) if host is not None else device_block_handles(row[a:b])
         dups = self.cache.index.commit(lane, key, up_to, handles.__getitem__)
         if dups:
             # The tree already holds these blocks: free the request's copies, map the tree's.
-            blocks = torch.tensor([b for b, _ in dups], device=row.device)
-            offs = torch.arange(BLOCK_TOKENS, device=row.device)
-            pos = (blocks[:, None] * BLOCK_TOKENS + offs[None, :]).reshape(-1)
-            self.allocator.free(row[pos].to(torch.int64))
-            row[pos] = handles_to_slots((n.device for _, n in dups), row.device).to(row.dtype)
+            # Block positions are host data: indices reach the device through pinned memory.
+            blocks = np.array([blk for blk, _ in dups], dtype=np.int64)
+            pos = (blocks[:, None] * BLOCK_TOKENS + np.arange(BLOCK_TOKENS)).reshape(-1)
+            idx = to_device(torch.from_numpy(pos), row.device)
+            free_slots(self.allocator, row[idx].to(torch.int64))
+            tree = [n.device for _, n in dups]
+            row[idx] = handles_to_slots(tree, row.device).to(row.dtype)
+            for (blk, _), h in zip(dups, tree):
+                at = BLOCK_TOKENS * blk
+                if isinstance(h, bytes):
+                    handle.rows.put(at, np.frombuffer(h, dtype=np.int32))
+                else:
+                    handle.rows.forget(at, at + BLOCK_TOKENS)
 
     def _publish_taps(
         self, req: Req, state: ReqState, lane: Lane, key: PromptKey, row: torch.Tensor, up_to: int
@@ -272,10 +292,14 @@ class Publisher:
             if not taps or lock is None or not req.kv.holds_mamba:
                 continue
             end = req.extend_end
-            for p, slot in taps:
-                if p == end:
-                    self.pools.copy_state(lock.node.slot_of(req), slot)
-                    mark_tap_done(req, p)
+            for t in lock.node.inpass:
+                if t.position == end:
+                    # Device indices: the request's slot is not read on the host here.
+                    dst = self.cache.slot_index(t.slot)
+                    src = req.kv.mamba_pool_idx
+                    assert src is not None  # (holds_mamba, tested above)
+                    self.pools.copy_state(src, dst)
+                    mark_tap_done(req, t.position)
 
     def _settle_inpass(
         self,
@@ -337,10 +361,11 @@ class Publisher:
         if slot is None:
             self.skips.note("tap_no_slot", f"{req.rid} at {frontier}")
             if tail is not None:
-                self.allocator.free(tail)
+                free_slots(self.allocator, tail)
             return None
-        assert req.lock is not None  # (via _checkpoint, which returns early without a lock)
-        self.pools.copy_state(req.lock.node.slot_of(req), self.cache.slot_id(slot))
+        src = req.kv.mamba_pool_idx
+        assert src is not None  # a request being checkpointed holds its state slot
+        self.pools.copy_state(src, self.cache.slot_index(slot))
         return self._publish_staged(lane, key, frontier, slot, kind, tail, demand, origin)
 
     def _publish_staged(
@@ -354,20 +379,21 @@ class Publisher:
         demand: int,
         origin: int = 0,
     ) -> Snapshot | None:
-        """Publish the state staged in ``slot`` (and ``tail``, a cache-owned KV copy)."""
+        """Publish the state staged in ``slot`` (and ``tail``, a cache-owned KV copy on pages
+        just allocated: its handle stays on the device)."""
         s = self.cache.index.publish(
             lane,
             key,
             frontier,
             slot,
             kind,
-            tail_device=slots_to_handle(tail) if tail is not None else None,
+            tail_device=DeviceSlots(tail.to(torch.int64)) if tail is not None else None,
             tail_device_tokens=0 if tail is None else int(tail.numel()),
             demand=demand,
             origin=origin,
         )
         if s is None and tail is not None:  # a duplicate: the tail copy stays ours to free
-            self.allocator.free(tail)
+            free_slots(self.allocator, tail)
         if s is not None and self.cache.host_tier is not None:
             self.cache.host_tier.write_snapshot(s, self.cache.slot_id(slot), lane)
         return s
@@ -400,6 +426,8 @@ class Publisher:
         protected: int,
     ) -> int:
         """Terminal settlement (§7.7): the endpoint takes the state slot and the partial page."""
+        assert req.lock is not None  # (via _checkpoint, which returns early without a lock)
+        handle: MatchHandle = req.lock.node
         f = up_to
         live = req.kv.kv_committed_len
         took_slot = False
@@ -423,9 +451,9 @@ class Publisher:
             if slot is not None:
                 base = BLOCK_TOKENS * (f // BLOCK_TOKENS)
                 tail_end = ceil_to(f, self.page_size)
-                tail = None
+                tail: bytes | DeviceSlots | None = None
                 if f % BLOCK_TOKENS:
-                    tail = slots_to_handle(self._page_slots(row, base, tail_end))
+                    tail = self._tail_handle(handle, row, base, f, tail_end)
                 s = self.cache.index.publish(
                     lane,
                     key,
@@ -437,8 +465,8 @@ class Publisher:
                 )
                 if s is not None:
                     # The state slot becomes the snapshot's; the slot it displaced goes back.
-                    assert req.lock is not None  # as in _take_snapshot
-                    self.cache.swap_state_slot(slot, req.lock.node.slot_of(req))
+                    # The slot id on the host, from the request's mirror (mirror.py).
+                    self.cache.swap_state_slot(slot, handle.slot_of(req))
                     req.kv.mamba_pool_idx = None
                     took_slot = True
                     if tail is not None:
@@ -449,13 +477,21 @@ class Publisher:
             self.cache.free_state_slot(req)
         return protected
 
-    def _page_slots(self, row: torch.Tensor, begin: int, end: int) -> torch.Tensor:
-        """All slots of the pages holding row positions [begin, end) (page-aligned bounds)."""
-        if self.page_size == 1:
-            return row[begin:end].to(torch.int64)
-        firsts = row[begin : end : self.page_size].to(torch.int64)
-        offs = torch.arange(self.page_size, device=row.device)
-        return (firsts[:, None] + offs[None, :]).reshape(-1)
+    def _tail_handle(
+        self, handle: MatchHandle, row: torch.Tensor, begin: int, f: int, end: int
+    ) -> bytes | DeviceSlots:
+        """The handle of every slot of the pages holding row positions [begin, f) (``end``:
+        ``f`` rounded up to a page): from the host mirror, else on the device."""
+        ps = self.page_size
+        host = handle.rows.read(begin, f)
+        if host is not None:
+            firsts = host[::ps]
+            return slots_to_handle((firsts[:, None] + np.arange(ps)[None, :]).reshape(-1))
+        firsts_d = row[begin:end:ps].to(torch.int64)
+        if ps == 1:
+            return DeviceSlots(firsts_d)
+        offs = torch.arange(ps, device=row.device)
+        return DeviceSlots((firsts_d[:, None] + offs[None, :]).reshape(-1))
 
     @staticmethod
     def _deepest(lane: Lane, f: int) -> int:

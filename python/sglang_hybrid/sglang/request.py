@@ -17,6 +17,7 @@ import torch
 
 from ..index import BLOCK_TOKENS, Lane, Match, PromptKey, Snapshot, SnapshotKind
 from ..index.keys import xxh3_chain
+from .mirror import PassSlots, RowMirror
 
 ATTR = "hybrid"
 
@@ -45,6 +46,9 @@ class MatchHandle:
     locks: int = 0
     tail_copy: torch.Tensor | None = None  # the lane's private copy of the source's tail KV
     state_slot: int | None = None  # the request's MambaPool slot id, read once (``slot_of``)
+    # ... copied to the host when its first batch was built (``mirror.feed_batch``)
+    state_copy: tuple[PassSlots, int] | None = None
+    rows: RowMirror = field(default_factory=RowMirror)  # its req_to_token row on the host
     inpass: list[InPassTap] = field(default_factory=list)  # reserved for the pass in flight
     children: dict = field(default_factory=dict)  # SGLang's dfs_weight_order walks .children
 
@@ -53,11 +57,17 @@ class MatchHandle:
         return self.prefix_len // BLOCK_TOKENS
 
     def slot_of(self, req: Any) -> int:
-        """The request's MambaPool slot id. Reading a device tensor's value is a device->host
-        sync, so it is read once per admission (a retracted request is matched anew, with a new
-        handle, and may get another slot)."""
+        """The request's MambaPool slot id on the host, from the copy made when its first batch
+        was built (``mirror.py``; no wait once that pass's result was processed). Read once per
+        admission (a retracted request is matched anew, with a new handle, and may get another
+        slot). Before that copy exists (never on the per-pass paths, which use the device value
+        ``req.kv.mamba_pool_idx``) it reads the device value, a host sync."""
         if self.state_slot is None:
-            self.state_slot = int(req.kv.mamba_pool_idx)
+            if self.state_copy is not None:
+                copy, i = self.state_copy
+                self.state_slot = int(copy.host()[i])
+            else:
+                self.state_slot = int(req.kv.mamba_pool_idx)
         return self.state_slot
 
 

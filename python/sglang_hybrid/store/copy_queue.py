@@ -15,8 +15,13 @@ Three engines keep that contract:
   the host tier bounds, and FIFO holds across directions.
 - ``ThreadQueue`` (CPU): one worker thread runs the copies in order (torch releases the GIL while
   it copies); a future per operation. Preparing an operation's copy list happens there too.
-- ``InlineQueue``: the copy runs inside ``issue`` on the caller's thread. The reference
-  behaviour, and the replay harness's, whose results must not depend on the timing of a thread.
+- ``InlineQueue``: the copy runs inside ``issue`` on the caller's thread and has landed when
+  ``issue`` returns. The reference behaviour, and the replay harness's, whose results must not
+  depend on the timing of a thread. On CUDA it issues like ``StreamQueue`` and then waits for
+  that operation's event (a host sync per operation, by definition of inline): a copy enqueued
+  with ``non_blocking`` is not done when it is launched, so a synchronous queue that did not
+  wait would report device-to-host copies retired (and a save would read the pinned slabs)
+  before they landed (issue #35).
 - ``DeferredQueue``: the copy runs on the caller's thread one poll later (tests: deterministic
   and asynchronous; not a command-line choice).
 """
@@ -71,10 +76,23 @@ class CopyQueue(ABC):
 class InlineQueue(CopyQueue):
     synchronous = True
 
-    def __init__(self) -> None:
+    def __init__(self, device: torch.device | None = None) -> None:
         self._done: deque[int | BaseException] = deque()
+        # CUDA: issue on a copy stream (ordered as StreamQueue orders), then wait for it.
+        self._stream: StreamQueue | None = None
+        if device is not None and device.type == "cuda":
+            self._stream = StreamQueue(device)
+
+    def order_after(self, stream: Any) -> None:
+        if self._stream is not None:
+            self._stream.order_after(stream)
 
     def issue(self, op: Issue) -> None:
+        if self._stream is not None:
+            self._stream.issue(op)
+            self._stream.wait(1)
+            self._done.extend(self._stream.retire(1))
+            return
         try:
             self._done.append(op())
         except Exception as exc:  # reported at retire, like the asynchronous engines
@@ -241,7 +259,7 @@ class DeferredQueue(CopyQueue):
 
 def make_queue(mode: CopyMode, device: torch.device) -> CopyQueue:
     if mode == "inline":
-        return InlineQueue()
+        return InlineQueue(device)
     if mode == "deferred":
         return DeferredQueue()
     if device.type == "cuda":

@@ -1,55 +1,66 @@
 """Device-side bytes: copies inside SGLang's own pools (spec §7.4, §7.7, §11.3).
 
-The index stores a block's or a tail's device copy as an opaque handle; here that handle is the
-packed int32 KV slot ids (``bytes``), so the index stays free of tensors and a path's slots are one
-``b"".join`` away. This module converts handles to index tensors and moves state and KV between
-slots; it decides nothing.
+The index stores a block's or a tail's device copy as an opaque handle (``handles.py``: packed
+slot ids, or a device tensor of them); this module moves state and KV between slots; it decides
+nothing.
+
+Streams (issue #35). Under overlap scheduling the copies are enqueued on SGLang's forward stream
+(``DevicePools.stream``), which orders them after the pass that wrote their sources and before
+the next pass that reads their destinations. Their index tensors and freshly allocated pages are
+made on the caller's stream (SGLang's schedule stream), so every copy first makes the forward
+stream wait for it (a device-side wait, never the host) and marks those tensors used by the
+forward stream (``record_stream``), so the caching allocator does not hand their memory to the
+next scheduling tensor before the copy has read them.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Sequence
-from typing import Any, Protocol, cast
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
-import numpy as np
 import torch
 
-from ..index.keys import BLOCK_TOKENS
+from .handles import (
+    DeviceSlots,
+    block_handles,
+    handle_to_slots,
+    handles_to_slots,
+    slots_to_handle,
+    to_device,
+)
+
+__all__ = [
+    "DevicePools",
+    "DeviceSlots",
+    "block_handles",
+    "handle_to_slots",
+    "handles_to_slots",
+    "pool_device",
+    "register_pool_device",
+    "slots_to_handle",
+    "to_device",
+]
 
 
-def slots_to_handle(slots: torch.Tensor) -> bytes:
-    """KV slot ids (any integer tensor) as the packed int32 handle the index keeps."""
-    return slots.to(device="cpu", dtype=torch.int32).numpy().tobytes()
+# A stand-in for a GPU (``cpu/stream_model``) presents SGLang's CPU pools as a CUDA device while
+# it is installed, so the cache takes its CUDA branches there; registration only.
+_pool_device_view: list[Callable[[Any], torch.device] | None] = [None]
 
 
-def block_handles(slots: torch.Tensor) -> list[bytes]:
-    """The handles of consecutive 64-token blocks (``slots``: their KV slot ids, in order), one
-    per block: ``slots_to_handle`` of each block's slots, split in C (a chunk's commit takes
-    ~128)."""
-    host = slots.to(device="cpu", dtype=torch.int32).contiguous()  # no copy if it is already
-    handles: list[bytes] = host.numpy().view(f"V{4 * BLOCK_TOKENS}").tolist()
-    return handles  # a void element's ``tolist`` value is its bytes (a copy, not a view)
+def register_pool_device(
+    view: Callable[[Any], torch.device] | None,
+) -> Callable[[Any], torch.device] | None:
+    """Install ``view`` (a pool's ``device`` attribute -> the device the cache sees); returns
+    the previous one, for the caller to restore."""
+    previous, _pool_device_view[0] = _pool_device_view[0], view
+    return previous
 
 
-# The index keeps device handles opaque (``object``: ``BlockNode.device``, ``tail_device``); every
-# handle this package gives it is made by ``slots_to_handle``, so the converters below take what
-# the index hands back and read it as those bytes.
-
-
-def handle_to_slots(handle: object, device: torch.device | str) -> torch.Tensor:
-    """Slot ids of a handle as int64 on ``device``: the pool's device for anything handed to
-    SGLang's pools and allocators, ``"cpu"`` only for copy metadata (``store.transfer``)."""
-    if not handle:
-        return torch.empty(0, dtype=torch.int64, device=device)
-    data = cast(bytes, handle)  # a slots_to_handle handle (see above)
-    out = torch.from_numpy(np.frombuffer(data, dtype=np.int32).astype(np.int64))
-    return out.to(device, non_blocking=True)  # a no-op on the CPU
-
-
-def handles_to_slots(handles: Iterable[object], device: torch.device | str) -> torch.Tensor:
-    """The slots of several handles, concatenated (one ``b"".join``)."""
-    return handle_to_slots(b"".join(cast(list[bytes], list(handles))), device)  # (see above)
+def pool_device(pool: Any) -> torch.device:
+    """The device of an SGLang pool, as the cache sees it (see ``register_pool_device``)."""
+    view = _pool_device_view[0]
+    return view(pool.device) if view is not None else torch.device(pool.device)
 
 
 class MambaState(Protocol):
@@ -93,9 +104,14 @@ class DevicePools:
         # scheduling it is SGLang's forward stream, which orders them between passes.
         self.stream: torch.cuda.Stream | None = None
 
-    def _on_stream(self) -> contextlib.AbstractContextManager[object]:
+    def _on_stream(self, *used: torch.Tensor) -> contextlib.AbstractContextManager[object]:
+        """The copy stream for the caller's work: ordered after what the caller's stream
+        enqueued so far, and ``used`` (tensors made there) kept until it has read them."""
         if self.stream is None:
             return contextlib.nullcontext()
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        for t in used:
+            t.record_stream(self.stream)
         return torch.cuda.stream(self.stream)
 
     @property
@@ -118,30 +134,42 @@ class DevicePools:
         """
         if not dst.numel():
             return
-        with self._on_stream():
+        with self._on_stream(dst, src):
             dst, src = dst.to(self.device, torch.int64), src.to(self.device, torch.int64)
             for buf in self.kv_buffers:
                 buf.index_copy_(0, dst, buf.index_select(0, src))
 
-    def copy_state(self, src_slot: int, dst_slot: int) -> None:
-        """Conv and recurrent state of every linear layer, MambaPool slot -> slot.
+    def copy_state(self, src: int | torch.Tensor, dst: int | torch.Tensor) -> None:
+        """Conv and recurrent state of every linear layer, MambaPool slot -> slot. A slot is a
+        host int, or a one-element device tensor (a slot id the host does not know without
+        waiting: a request's own slot right after its pass was launched).
 
         A plain pair of slot copies per state tensor (one device copy of the image, spec §11.3).
         Pools with extra per-slot state (ReplaySSM rings, sibling pools) go through SGLang's own
         ``copy_from``, which knows them; on the CPU that path costs ~15 ms per call.
         """
         pool = self.mamba_pool
-        with self._on_stream():
+        used = [x for x in (src, dst) if isinstance(x, torch.Tensor)]
+        with self._on_stream(*used):
             if getattr(pool, "replayssm_write_pos", None) is not None or getattr(
                 pool, "_slot_siblings", None
             ):
-                idx = torch.tensor([src_slot], dtype=torch.int64, device=self.device)
-                dst = torch.tensor([dst_slot], dtype=torch.int64, device=self.device)
-                pool.copy_from(idx, dst)
+                pool.copy_from(self._slot_index(src), self._slot_index(dst))
                 return
             cache = pool.mamba_cache
+            if not used:
+                for t in (*cache.conv, cache.temporal):
+                    t[:, dst] = t[:, src]
+                return
+            s, d = self._slot_index(src), self._slot_index(dst)
             for t in (*cache.conv, cache.temporal):
-                t[:, dst_slot] = t[:, src_slot]
+                t.index_copy_(1, d, t.index_select(1, s))
+
+    def _slot_index(self, slot: int | torch.Tensor) -> torch.Tensor:
+        """A slot as a one-element int64 index on the pools' device (no host wait)."""
+        if isinstance(slot, torch.Tensor):
+            return slot.reshape(1).to(torch.int64)
+        return to_device(torch.tensor([slot], dtype=torch.int64), self.device)
 
     def state_bytes(self) -> int:
         """Bytes of one MambaPool slot: the snapshot image size."""

@@ -12,6 +12,11 @@ tensors at a time), split where a part straddles two slabs.
 (tails), then layer by layer, on the current stream (the host tier's copy stream,
 ``copy_queue.py``). ``wait_layer`` is the per-layer readiness API: with CUDA the batch records an
 event per layer; on the CPU the copies are synchronous and every wait returns at once.
+
+Slot ids (``BlockCopy.slots``, an image's slot) are host metadata when the cache knows them, or
+device tensors when they exist only there (pages just allocated for a restore, ``handles.py``);
+device ones are used as indices as they are (no contiguous runs: that needs their values) and
+host ones reach the device through pinned memory, so issuing a copy never waits (issue #35).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from typing import NamedTuple
 import torch
 
 from .cuda_copy import Memcpy2D
+from .handles import to_device
 from .host_memory import HostMemory
 from .layout import SlabLayout
 
@@ -30,8 +36,12 @@ BLOCK = 64
 
 
 class BlockCopy(NamedTuple):
-    slots: torch.Tensor  # int64 token slots on the CPU (metadata), one per row
+    slots: torch.Tensor  # int64 token slots, one per row: host metadata or a device tensor
     slab: int
+
+
+def _on_host(slots: torch.Tensor) -> bool:
+    return slots.device.type == "cpu"
 
 
 def _u8_rows(buf: torch.Tensor) -> torch.Tensor:
@@ -46,11 +56,14 @@ def _runs(items: Sequence[BlockCopy], memory: HostMemory) -> list[tuple[int, int
     while i < n:
         j = i + 1
         first = items[i]
-        contiguous = bool(first.slots.numel() == BLOCK and _consecutive(first.slots))
+        contiguous = bool(
+            first.slots.numel() == BLOCK and _on_host(first.slots) and _consecutive(first.slots)
+        )
         while contiguous and j < n:
             prev, cur = items[j - 1], items[j]
             if (
                 cur.slots.numel() != BLOCK
+                or not _on_host(cur.slots)
                 or cur.slab != prev.slab + 1
                 or cur.slab // spc != first.slab // spc
                 or int(cur.slots[0]) != int(prev.slots[-1]) + 1
@@ -120,7 +133,9 @@ class SlabCopier:
 
     # ---------------------------------------------------------------- staged blocks
     def staged(self, items: Sequence[BlockCopy]) -> bool:
-        return self.kx is not None and bool(items)
+        """Through the extension's staging buffer: only with host slot ids (its ops check
+        their index tables on the host; device ids would be read back there, a sync)."""
+        return self.kx is not None and bool(items) and all(_on_host(it.slots) for it in items)
 
     def _staging_for(self, n: int) -> torch.Tensor:
         buf = self._staging
@@ -133,7 +148,7 @@ class SlabCopier:
     def stage_out(self, items: Sequence[BlockCopy]) -> int:
         """Device blocks -> staging (one launch) -> host slabs (one copy per slab run)."""
         staging = self._staging_for(len(items))
-        slots = torch.stack([it.slots for it in items])
+        slots = self._slot_table(items)
         assert self.kx is not None  # only staged copies (staged(): kx is not None) come here
         self.kx.kv_blocks_to_staging(self.kv_buffers, slots, staging, layout=self.layout)
         return self._slab_runs(items, staging, to_host=True)
@@ -144,8 +159,14 @@ class SlabCopier:
         self._slab_runs(items, staging, to_host=False)
         return staging
 
-    def scatter(self, items: Sequence[BlockCopy], staging: torch.Tensor, layer: int) -> int:
+    def _slot_table(self, items: Sequence[BlockCopy]) -> torch.Tensor:
+        """The items' host slots as one ``[blocks, rows]`` table, pinned with CUDA pools: the
+        extension checks it on the host and copies it to the device without a wait."""
         slots = torch.stack([it.slots for it in items])
+        return slots.pin_memory() if self.kv_buffers[0].is_cuda else slots
+
+    def scatter(self, items: Sequence[BlockCopy], staging: torch.Tensor, layer: int) -> int:
+        slots = self._slot_table(items)
         assert self.kx is not None  # as in stage_out
         return int(
             self.kx.staging_to_kv_blocks(
@@ -196,9 +217,14 @@ class SlabCopier:
             run = items[i:j]
             count = j - i
             rows_per = run[0].slots.numel()
-            contiguous = count > 1 or (rows_per == BLOCK and _consecutive(run[0].slots))
-            s0 = int(run[0].slots[0])
-            idx = None if contiguous else run[0].slots.to(self.kv_rows[0].device, non_blocking=True)
+            first = run[0].slots
+            contiguous = count > 1 or (
+                rows_per == BLOCK and _on_host(first) and _consecutive(first)
+            )
+            s0 = int(first[0]) if contiguous else 0
+            idx = None
+            if not contiguous:
+                idx = to_device(first, self.kv_rows[0].device) if _on_host(first) else first
             for p in planes:
                 length = rows_per * p.row_bytes
                 host = self.memory.run(run[0].slab, count, p.offset, length)
@@ -221,15 +247,28 @@ class SlabCopier:
 
     # ---------------------------------------------------------------- state images
     def image(
-        self, slot: int, slabs: Sequence[int], to_host: bool, layer: int | None = None
+        self,
+        slot: int | torch.Tensor,
+        slabs: Sequence[int],
+        to_host: bool,
+        layer: int | None = None,
     ) -> int:
-        """Copy one MambaPool slot's state to / from its image slabs (``layer``: one layer)."""
+        """Copy one MambaPool slot's state to / from its image slabs (``layer``: one layer).
+        ``slot``: a host int, or a one-element device tensor (then each part is gathered into a
+        row, or assembled in one and scattered)."""
         sb = self.memory.slab_bytes
         moved = 0
         for part in self.layout.image_parts:
             if layer is not None and part.layer != layer:
                 continue
-            dev = self.state[part.tensor][part.layer, slot].reshape(-1).view(torch.uint8)
+            plane = self.state[part.tensor][part.layer]
+            if isinstance(slot, torch.Tensor):
+                idx = slot.reshape(1).to(torch.int64)
+                row = plane.index_select(0, idx) if to_host else torch.empty_like(plane[:1])
+                dev = row.reshape(-1).view(torch.uint8)
+            else:
+                idx, row = None, None
+                dev = plane[slot].reshape(-1).view(torch.uint8)
             done = 0
             while done < part.nbytes:
                 o = part.offset + done
@@ -241,6 +280,8 @@ class SlabCopier:
                 else:
                     dev[done : done + n].copy_(host, non_blocking=True)
                 done += n
+            if idx is not None and row is not None and not to_host:
+                plane.index_copy_(0, idx, row)
             moved += part.nbytes
         return moved
 
@@ -253,7 +294,7 @@ class TransferBatch:
         self.order = forward_order  # ("kv", full-attention idx) / ("state", linear idx)
         self.blocks: list[BlockCopy] = []
         self.tails: list[BlockCopy] = []
-        self.images: list[tuple[int, Sequence[int]]] = []
+        self.images: list[tuple[int | torch.Tensor, Sequence[int]]] = []
         self.bytes = 0
         self._events: dict[int, torch.cuda.Event] = {}
 
@@ -263,7 +304,7 @@ class TransferBatch:
     def add_tail(self, item: BlockCopy) -> None:
         self.tails.append(item)
 
-    def add_image(self, slot: int, slabs: Sequence[int]) -> None:
+    def add_image(self, slot: int | torch.Tensor, slabs: Sequence[int]) -> None:
         self.images.append((slot, slabs))
 
     def run(self, to_host: bool) -> int:
@@ -272,6 +313,14 @@ class TransferBatch:
         event per layer on CUDA."""
         c = self.copier
         use_cuda = bool(c.kv_buffers and c.kv_buffers[0].is_cuda)
+        if use_cuda:  # device slot ids made on another stream: kept until this one read them
+            here = torch.cuda.current_stream()
+            for it in (*self.tails, *self.blocks):
+                if not _on_host(it.slots):
+                    it.slots.record_stream(here)
+            for slot, _ in self.images:
+                if isinstance(slot, torch.Tensor):
+                    slot.record_stream(here)
         for t in self.tails:
             self.bytes += c.blocks([t], to_host)
         staged = c.staged(self.blocks)
