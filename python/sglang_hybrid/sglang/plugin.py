@@ -24,6 +24,11 @@ _COALESCE_MODULE = f"{__package__}.coalesce"
 
 
 def register() -> None:
+    from .preflight import preflight
+
+    # First, before anything of ours is imported or any hook applied: a launch the cache cannot
+    # serve is refused in seconds, in one line (``preflight.py``).
+    preflight()
     from sglang.srt.mem_cache.registry import (
         register_radix_cache_backend,
         registered_radix_cache_backends,
@@ -199,8 +204,31 @@ def _from_cli_args(server_args: Any, cls: Any, args: Any) -> None:
 
     if hasattr(args, "hybrid_host_cache_mib"):
         setattr(server_args, ATTR, options_from_namespace(args))
+        # The command line's checks (``preflight.py``), for what did not pass the preflight: a
+        # ``sglang serve`` launch, a ``--config`` file, a program parsing arguments in code.
+        _refusing(_check_parsed, args)
     if _uses_hybrid(args):
         _check_hooks()  # the launcher's first call into the plugin that knows the backend
+
+
+def _check_parsed(args: Any) -> None:
+    from .preflight import check_namespace, from_cli
+
+    check_namespace(args, launch=from_cli())
+
+
+def _refusing(check: Any, *args: Any) -> None:
+    """Run a startup check: on the server command line a refusal is one line and exit status 2
+    (``preflight.refuse``); in a program it raises ``ConfigError``."""
+    from ..index import ConfigError
+    from .preflight import from_cli, refuse
+
+    try:
+        check(*args)
+    except ConfigError as e:
+        if from_cli():
+            refuse(str(e))
+        raise
 
 
 def _check_hooks() -> None:
@@ -229,10 +257,11 @@ def _before_resolve(server_args: Any, *args: Any, **kwargs: Any) -> None:
     messages do not know the fix for this backend); then what the cache needs where the
     operator left SGLang to choose."""
     if _uses_hybrid(server_args):
-        from .checks import check_server_args
+        from .checks import check_contradictions, check_server_args
 
-        _check_hooks()
-        check_server_args(server_args)
+        _refusing(_check_hooks)
+        _refusing(check_contradictions, server_args)
+        _refusing(check_server_args, server_args)
         _choose_where_unset(server_args)
 
 
@@ -280,7 +309,7 @@ def _after_resolve(result: Any, server_args: Any, *args: Any, **kwargs: Any) -> 
     if _uses_hybrid(server_args):
         from .checks import check_server_args
 
-        check_server_args(_resolved(server_args))
+        _refusing(check_server_args, _resolved(server_args))
 
 
 def _resolved(server_args: Any) -> Any:
