@@ -538,4 +538,6 @@ def build_cache(ctx: Any) -> Any:
     from .persistence import setup as load_host_tier
 
     load_host_tier(cache, ctx, opts)  # --hybrid-cache-file: before any request (§5.5)
+    if cache.metrics is not None:
+        cache.metrics.refresh(cache)  # the gauges from the start (a loaded file's snapshots)
     return cache
