@@ -22,7 +22,8 @@ The index decides; SGLang's pools hold the bytes. How SGLang's calls map onto th
   ``load_back`` (``load_back.py``); the host tier's copies themselves are ``host_tier``
   (``host_tier.py``). SGLang's method names stay on this class and delegate to them.
 - Snapshot slots are D extra ``MambaPool`` slots this cache holds from construction; SGLang sees
-  them in ``mamba_protected_size`` so its idle identity holds.
+  them in ``mamba_evictable_size`` (cache, not load: its usage gauges, issue #38), so its idle
+  identity holds.
 """
 
 from __future__ import annotations

@@ -421,15 +421,20 @@ def _after_next_batch(plan: Any, scheduler: Any, *args: Any, **kwargs: Any) -> N
 
 
 def _cached_tokens_details(result: Any, streamer: Any, req: Any, *args: Any) -> Any:
-    """Add the bytes the host tier restored to SGLang's ``cached_tokens_details``, and the tokens
-    it restored as the host part of the hit."""
+    """The tokens the host tier restored, as the host part of SGLang's ``cached_tokens_details``.
+
+    Token counts only, as SGLang's own details are (issue #38: the restored bytes used to sit
+    beside them, where a client summing the values would add bytes to tokens). The bytes are
+    ``sglang_hybrid:host_tier_restored_bytes_total``: SGLang 0.5.23 gives a plugin no
+    per-request ``meta_info`` field of its own (its customized-info path is gated by a class
+    constant of the output streamer, and editing ``meta_info`` after the tokenizer manager built
+    it races the request's reader)."""
     from .request import ATTR
 
     state = getattr(req, ATTR, None)
-    if state is None or not state.restored_bytes or not req.cached_tokens:
+    if state is None or not state.restored_tokens or not req.cached_tokens:
         return None
     details = dict(result or {"device": req.cached_tokens, "host": 0})
-    details["hybrid_restored_bytes"] = state.restored_bytes
     # An asynchronous restore lands before admission, so SGLang sees a device hit
     # (``host_loaded_length`` 0): the tokens the restore brought back are the host's.
     host = min(state.restored_tokens, req.cached_tokens)
