@@ -269,13 +269,10 @@ def explicit_flags(opts: HybridOptions) -> list[str]:
 
 def check_options(opts: HybridOptions) -> None:
     """The option values alone, before anything is loaded: the bounds ``resolve_config`` keeps
-    (the concurrency and chunk it also needs are placeholders here), the cache file's place,
-    and a host budget beyond this machine's memory (its allocation would fail after the model
-    loaded)."""
+    (the concurrency and chunk it also needs are placeholders here) and a host budget beyond
+    this machine's memory (its allocation would fail after the model loaded). The cache file's
+    place is ``persistence.check_cache_file``'s."""
     _resolve(opts, concurrency=1, chunk_tokens=1)
-    from .persistence import check_cache_file
-
-    check_cache_file(opts.cache_file, opts.host_cache_mib)
     mib = DEFAULT_HOST_CACHE_MIB if opts.host_cache_mib is None else opts.host_cache_mib
     total = _physical_memory()
     if total and mib << 20 > total:

@@ -109,6 +109,7 @@ def check_namespace(args: Any, *, launch: bool = True) -> None:
     program that parses arguments in code)."""
     from .checks import check_contradictions, check_server_args
     from .flags import BACKEND, check_options, options_from_namespace
+    from .persistence import check_cache_file
 
     if launch:
         check_cpu_device(args)
@@ -119,6 +120,7 @@ def check_namespace(args: Any, *, launch: bool = True) -> None:
     check_contradictions(args)
     check_server_args(args)
     check_options(given)
+    check_cache_file(given.cache_file, given.host_cache_mib)
 
 
 def check_options_unused(opts: Any) -> None:
