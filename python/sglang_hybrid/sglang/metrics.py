@@ -268,7 +268,7 @@ class CacheMetrics:
         extra = dict(zip(self._label_names[name], values, strict=True))
         return self.series[name].labels(**self.labels, **extra)
 
-    def on_admitted(self, cache: Any, handle: Any, state: Any) -> None:
+    def on_admitted(self, handle: Any, state: Any) -> None:
         """A request's first pass has run: its prompt tokens by source, and a short resume."""
         host = min(state.restored_tokens, handle.prefix_len)
         for source, n in (
