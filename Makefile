@@ -10,11 +10,20 @@ PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 KEXT_STAMP := $(VENV)/.kernel-ext
 NATIVE_STAMP := $(VENV)/.index-native
+SYSDEPS_STAMP := $(VENV)/.system-deps
 
 .PHONY: venv test lint demo bench-index stress-index stress bench-replay gpu-carry clean-venv \
 	kernel-ext gpu-smoke index-native
 
-venv: $(STAMP) $(KEXT_STAMP) $(NATIVE_STAMP)
+venv: $(STAMP) $(KEXT_STAMP) $(NATIVE_STAMP) $(SYSDEPS_STAMP)
+
+# Debian's libibverbs1 for Mooncake's client (--hybrid-l3 mooncake://, docs/l3.md): installed with
+# apt-get when missing and run as root (CI); otherwise a message says what to run and the Mooncake
+# tests skip. Once per venv.
+$(SYSDEPS_STAMP): tools/system_deps.sh
+	@mkdir -p $(VENV)
+	@bash tools/system_deps.sh
+	@touch $@
 
 $(STAMP): pyproject.toml requirements/cpu-lock.txt requirements/constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -69,7 +78,7 @@ TEST_WORKERS ?= 2
 
 # The GPU check's CPU smoke mode (every stage at tiny shapes, ~8 min) is its own target: CI runs
 # the check's dry run (its imports and CUDA-free paths) and the suites it reuses.
-test: $(STAMP) $(KEXT_STAMP) $(NATIVE_STAMP) lint
+test: $(STAMP) $(KEXT_STAMP) $(NATIVE_STAMP) $(SYSDEPS_STAMP) lint
 	$(PY) -m pytest -q -m "not gpu_smoke" -n $(TEST_WORKERS) --dist loadfile
 
 gpu-smoke: $(STAMP) $(KEXT_STAMP)

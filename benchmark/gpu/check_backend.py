@@ -23,6 +23,9 @@ of time is recorded and the next one runs):
                the per-chunk state ``h`` (and the fp32 ``TRACK_STATE`` snapshot) at chunk i
                against the final state of a pass split at 64·i, and the cost of gathering ``h``:
                the basis of zero-split taps (``stage_chunk.py``).
+  I   inpass   (~40 s): in-pass taps through SGLang's own prefill tracking with the Triton and
+               (when carried) FlashInfer GDN prefill: captured states against a pass ending at
+               the tap, the cache's checkpoint plan against SGLang's (``stage_inpass.py``).
   H   host     (~45 s): the host tier's copies off the scheduler thread (issue #13): a 32k-token
                write-through and restore while a request decodes, async vs inline copies; issue
                time under 1 ms, decode stall, resume position (``stage_host_copies.py``).
@@ -80,6 +83,7 @@ STAGES: dict[str, tuple[str, str, int, int]] = {
     "B": ("SGLang's Scheduler, CUDA model worker, exactness", "stage_scheduler", 210, 900),
     "C": ("Triton chunk_gated_delta_rule per-chunk states", "stage_chunk", 50, 300),
     "H": ("host tier off the scheduler thread: issue, stall", "stage_host_copies", 45, 300),
+    "I": ("in-pass taps through SGLang's prefill tracking", "stage_inpass", 40, 180),
     # Another engineer's stage (docs/kernel-ext.md): last, on whatever the budget leaves.
     "K": ("sgl_kernel_ext CUDA ops: bit-exact vs references, timed", "stage_kernels", 60, 180),
 }

@@ -254,7 +254,8 @@ def varlen_gather(ctx: Ctx, fn: Any) -> None:
     )
     dst = iter(range(2, 8))
     reqs = [SimpleNamespace(**{TAPS_ATTR: [(o, next(dst)) for o in offsets]}) for offsets in taps]
-    plan = gdn_taps.plan_pass(reqs, [0, 0], list(lens), 4, 1, dev)
+    rows = [getattr(r, TAPS_ATTR) for r in reqs]
+    plan = gdn_taps.plan_pass(reqs, rows, [0, 0], list(lens), 4, dev)
     assert plan is not None
     conv = torch.zeros(8, 16, 3, device=dev)
     mixed_qkv = torch.randn(sum(lens), 16, device=dev)

@@ -12,9 +12,11 @@ with the pools pre-filled by unrelated traffic (``--prefill-pool``), into
 ``docs/results/replay/steady-state/TRAFFIC-{flushed,prefilled}/``, then writes the side-by-side
 comparison ``steady_state.json`` / ``steady_state.md`` there (``sglang_hybrid.replay.steady``).
 
-``tap-modes`` (``TAP_MODES``) runs each traffic with ``--tap-mode split`` (hybrid and no_buffer)
-and ``--tap-mode zero-split`` (hybrid) into ``docs/results/replay/tap-modes/TRAFFIC-MODE/`` and
-writes ``tap_modes.json`` / ``tap_modes.md`` (``sglang_hybrid.replay.tap_modes``).
+``tap-modes`` (``TAP_MODES``) runs each traffic in each of ``MODES`` (the replay's default with
+no_buffer beside it, in-pass capture on the 64-token grid and anywhere, every tap splitting)
+into ``docs/results/replay/tap-modes/TRAFFIC-MODE/`` and writes ``tap_modes.json`` /
+``tap_modes.md`` (``sglang_hybrid.replay.tap_modes``). ``--only TRAFFIC`` (repeatable) runs a
+subset and compares what the folder holds (with ``--reuse``, the others' reports).
 """
 
 from __future__ import annotations
@@ -34,8 +36,10 @@ from typing import Any
 from sglang_hybrid.replay import cli, steady, tap_modes
 
 ROOT = Path(__file__).resolve().parents[2]
-# Paths as the docs write them: relative to the repository root, where this script must run.
-MOONCAKE = "../shared/traces/mooncake_synthetic_trace.jsonl"
+# Paths as the docs write them: relative to the repository root, where this script must run
+# (a worktree elsewhere names the shared folder in SGLANG_HYBRID_SHARED).
+SHARED = os.environ.get("SGLANG_HYBRID_SHARED", "../shared")
+MOONCAKE = f"{SHARED}/traces/mooncake_synthetic_trace.jsonl"
 ALL = "hybrid,no_buffer,extra_buffer,oracle"
 
 # Shared pieces: the trace and modelled machine of each family, and the options a run pins.
@@ -166,38 +170,54 @@ def run_steady(name: str, extra: list[str], dry_run: bool, reuse: bool = False) 
 
 
 # Tap modes (docs/benchmarks.md, "Taps inside the pass"): the committed agent workload at every
-# budget and the whole Mooncake trace at its own arrivals, split against zero-split taps, with
-# no_buffer's passes as the yardstick (it runs once: it takes no taps).
+# budget, the whole Mooncake trace at its own arrivals and at a quarter of the load, in the
+# replay's default (auto as on an H200 today), in-pass on each request's 64-token grid (what auto
+# picks there once the GPU check's stage I passed), in-pass anywhere, and every exact tap
+# splitting (the agent only: the behaviour before issue #36); no_buffer runs once, beside the
+# default, as the yardstick (it takes no taps).
 TAP_MODES: dict[str, list[str]] = {
     "agent": [*AGENT, "--budget-gib", "16", "32", "64", "128"],
     "mooncake": [*MC, *NEXT_H200, "--budget-gib", "32"],
+    # One budget: at a quarter of the load a Mooncake replay takes 5-18 min per cache on this
+    # 2-core machine (mooncake-x4 has the sweep over budgets for the default mode).
+    "mooncake-x4": [*MC_X4, *NEXT_H200, "--budget-gib", "32"],
 }
 MODES = {
-    "split": ["--tap-mode=split", "--caches=hybrid,no_buffer"],
-    "zero-split": ["--tap-mode=zero-split", "--caches=hybrid"],
-    # Captures on the 64-token chunk grid only (no off-grid recompute): what that is worth.
-    "zero-split-chunk": ["--tap-mode=zero-split", "--capture-grid=chunk", "--caches=hybrid"],
+    "auto": ["--caches=hybrid,no_buffer"],
+    "chunk": ["--tap-mode=zero-split", "--capture-grid=chunk", "--caches=hybrid"],
+    "zero_split": ["--tap-mode=zero-split", "--caches=hybrid"],
+    "split": ["--tap-mode=split", "--split-threshold=0", "--caches=hybrid"],
 }
+# Every-tap splitting is history (on Mooncake see the docs' History); Mooncake's hint-less taps
+# lie on the block grid, where the chunk-grid variant captures what capture anywhere does: run
+# at its own arrivals only, to show it.
+SKIPPED = {("mooncake", "split"), ("mooncake-x4", "split"), ("mooncake-x4", "chunk")}
 
 
-def run_tap_modes(name: str, extra: list[str], dry_run: bool, reuse: bool = False) -> int:
-    """Every traffic of ``TAP_MODES`` in both tap modes, then the side-by-side comparison."""
+def run_tap_modes(
+    name: str, extra: list[str], dry_run: bool, reuse: bool = False, only: list[str] | None = None
+) -> int:
+    """Every traffic of ``TAP_MODES`` in its modes, then the side-by-side comparison (``only``:
+    run these traffics, keep the reports of the others)."""
     out = Path("docs/results/replay") / name
     plan = [
         (traffic, mode, ["run", *base, *flags, f"--out={out}/{traffic}-{mode}", *extra])
         for traffic, base in TAP_MODES.items()
         for mode, flags in MODES.items()
+        if (traffic, mode) not in SKIPPED
     ]
 
     def finish(reports: dict[tuple[str, str], Any]) -> dict[str, Any]:
         return tap_modes.compare(
             [
-                (t, reports[t, "split"], reports[t, "zero-split"], reports[t, "zero-split-chunk"])
+                (t, {m: reports[t, m] for m in MODES if (t, m) in reports})
                 for t in TAP_MODES
+                if any((t, m) in reports for m in MODES)
             ]
         )
 
-    return run_family(name, out, plan, extra, dry_run, finish, tap_modes.write, reuse)
+    keep = None if not only else {t for t in TAP_MODES if t not in only}
+    return run_family(name, out, plan, extra, dry_run, finish, tap_modes.write, reuse, keep)
 
 
 def run_family(
@@ -209,26 +229,31 @@ def run_family(
     finish: Callable[[dict[tuple[str, str], Any]], dict[str, Any]],
     write: Callable[..., Path],
     reuse: bool = False,
+    keep: set[str] | None = None,
 ) -> int:
     """Run ``plan`` (traffic, variant, ``replay`` argv), compare the reports with ``finish`` and
     write the comparison with ``write(out, doc, header)``; the header records every command.
-    ``reuse``: keep the reports a previous run left (same output folders) instead of rerunning."""
+    ``reuse``: keep the reports a previous run left (same output folders) instead of rerunning;
+    ``keep``: traffics whose reports are kept whether or not ``reuse`` is given."""
     if dry_run:
         for *_, argv in plan:
             print(f"{cli.PROG} {shlex.join(argv)}")
         return 0
     started = time.perf_counter()
     for i, (traffic, variant, argv) in enumerate(plan, 1):
-        if reuse and (out / f"{traffic}-{variant}" / "report.json").exists():
+        kept = (out / f"{traffic}-{variant}" / "report.json").exists()
+        if keep is not None and traffic in keep and not kept:
+            print(f"[{i}/{len(plan)}] {traffic}, {variant}: not run (--only)", flush=True)
+            continue
+        if kept and (reuse or (keep is not None and traffic in keep)):
             print(f"[{i}/{len(plan)}] {traffic}, {variant}: kept (--reuse)", flush=True)
             continue
         print(f"[{i}/{len(plan)}] {traffic}, {variant}", flush=True)
         if rc := cli.main(argv):
             return rc
     wall = time.perf_counter() - started
-    reports = {
-        (t, v): json.loads((out / f"{t}-{v}" / "report.json").read_text()) for t, v, _ in plan
-    }
+    files = {(t, v): out / f"{t}-{v}" / "report.json" for t, v, _ in plan}
+    reports = {k: json.loads(f.read_text()) for k, f in files.items() if f.exists()}
     doc = finish(reports)
     doc["wall_s"] = wall
     doc["date"] = datetime.date.today().isoformat()
@@ -260,13 +285,19 @@ def main() -> int:
         action="store_true",
         help="steady-state, tap-modes: keep the reports of commands that already ran",
     )
+    parser.add_argument(
+        "--only",
+        action="append",
+        choices=sorted(TAP_MODES),
+        help="tap-modes: run this traffic only (repeatable), keep the others' reports",
+    )
     args, extra = parser.parse_known_args()
     if Path.cwd().resolve() != ROOT:
         raise SystemExit(f"run this from the repository root ({ROOT})")
     if args.name in STEADY:
         return run_steady(args.name, extra, args.dry_run, args.reuse)
     if args.name == "tap-modes":
-        return run_tap_modes(args.name, extra, args.dry_run, args.reuse)
+        return run_tap_modes(args.name, extra, args.dry_run, args.reuse, args.only)
     argv = ["run", *RUNS[args.name], f"--out=docs/results/replay/{args.name}", *extra]
     if args.dry_run:
         print(f"{cli.PROG} {shlex.join(argv)}")

@@ -1,11 +1,12 @@
-"""Zero-split taps on SGLang's GPU worker (``sglang/gdn_taps.py``), checked on the CPU.
+"""In-pass taps gathered from the GDN prefill's per-chunk states (``sglang/gdn_taps.py``).
 
 SGLang's ``GDNAttnBackend`` cannot run here (its extend kernel is Triton on CUDA, its model
-runner needs ``sgl_kernel``), so these tests drive the hook's own code: the per-pass plan from
-requests' reservations, the gathers against a split run of a plain-torch GDN with the Triton
-kernel's signature and ``h`` (``benchmark/gpu/torch_gdn.py``, the GPU check's CPU stand-in), and
-the AROUND hook with objects that carry exactly the attributes it reads. On a GPU the facts these
-rest on (``h[:, i]`` is the state of a pass cut at ``64 i``) are checked by stage C.
+runner needs ``sgl_kernel``), so these tests drive the gathers' own code: the per-pass plan from
+each row's taps, the gathers against a split run of a plain-torch GDN with the Triton kernel's
+signature and ``h`` (``benchmark/gpu/torch_gdn.py``, the GPU check's CPU stand-in), FlashInfer's
+checkpoint layout, and the layer wrapper with objects that carry exactly the attributes it reads.
+On a GPU the facts these rest on (``h[:, i]`` is the state of a pass cut at ``64 i``) are checked
+by stage C, the whole path by stage I (``stage_inpass.py``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from types import SimpleNamespace
 
 import torch
 
-from sglang_hybrid.cpu.taps import TAPS_ATTR, TAPS_DONE_ATTR
 from sglang_hybrid.sglang import gdn_taps
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmark" / "gpu"))
@@ -26,15 +26,18 @@ import torch_gdn
 W = 4  # conv width
 
 
-def _req(taps):
-    return SimpleNamespace(**{TAPS_ATTR: taps})
+def _plan(taps, prefix, ext, layout="chunks"):
+    reqs = [SimpleNamespace(row=i) for i in range(len(taps))]
+    return reqs, gdn_taps.plan_pass(reqs, taps, prefix, ext, W, "cpu", layout)
 
 
 def test_plan_takes_every_tap_of_every_request_in_batch_order() -> None:
-    a = _req([(64, 7), (100, 8), (256, 9), (1, 5)])  # 1: closer than W - 1 to the start
-    b = _req([(164, 3), (150, 4)])  # prefix 100: 164 is its first chunk end, 150 is 50 in
-    c = _req(None)
-    plan = gdn_taps.plan_pass([a, b, c], [0, 100, 0], [300, 200, 10], W, 3, "cpu")
+    taps = [
+        [(64, 7), (100, 8), (256, 9), (1, 5)],  # 1: closer than W - 1 to the start
+        [(164, 3), (150, 4)],  # prefix 100: 164 is its first chunk end, 150 is 50 in
+        [],
+    ]
+    (a, b, _c), plan = _plan(taps, [0, 100, 0], [300, 200, 10])
     assert plan is not None
     assert plan.conv_dst.tolist() == [7, 8, 9, 3, 4]
     assert plan.conv_rows.tolist()[:2] == [[61, 62, 63], [97, 98, 99]]
@@ -46,7 +49,30 @@ def test_plan_takes_every_tap_of_every_request_in_batch_order() -> None:
     assert plan.seg_rows.tolist() == [*range(64, 100), *range(300, 350)]
     assert plan.seg_cu.tolist() == [0, 36, 86]
     assert plan.done == [(a, 64), (a, 100), (a, 256), (b, 164), (b, 150)]  # not (a, 1)
-    assert gdn_taps.plan_pass([c], [0], [10], W, 3, "cpu") is None
+    assert _plan([[]], [0], [10])[1] is None
+
+
+def test_flashinfer_checkpoints_are_numbered_from_the_first_chunk_end() -> None:
+    # Checkpoint k - 1 of a row is the state after 64 k tokens; a row has len // 64 of them.
+    taps = [[(64, 7), (100, 8), (192, 9), (30, 6)], [(228, 3)]]
+    (a, b), plan = _plan(taps, [0, 100], [250, 200])
+    (a, b), ckpt = _plan(taps, [0, 100], [250, 200], "checkpoints")
+    assert plan is not None and ckpt is not None
+    assert plan.grid_chunks.tolist() == [1, 3, 6] and plan.off_chunks.tolist() == [1, -1]
+    # a: 3 checkpoints (0, 1, 2); b's first is 3. 100 recomputes from checkpoint 0 (after 64),
+    # 30 from the request's incoming state.
+    assert ckpt.grid_chunks.tolist() == [0, 2, 4] and ckpt.grid_dst.tolist() == [7, 9, 3]
+    assert ckpt.off_chunks.tolist() == [0, -1] and ckpt.off_dst.tolist() == [8, 6]
+    assert ckpt.done == [(a, 64), (a, 100), (a, 192), (a, 30), (b, 228)]
+    assert ckpt.needs_states and ckpt.at_pass_start
+    (_,), start_only = _plan([[(30, 6)]], [0], [250], "checkpoints")
+    assert start_only is not None and not start_only.needs_states
+    try:
+        gdn_taps.plan_pass([SimpleNamespace()], [[(64, 1)]], [0], [100], W, "cpu", "h")
+    except ValueError as e:
+        assert "layout" in str(e)
+    else:
+        raise AssertionError("an unknown layout must be refused")
 
 
 class _Kernel:
@@ -90,7 +116,7 @@ def test_gathered_states_equal_the_state_of_a_pass_cut_there() -> None:
     kw = dict(q=q, k=k, v=v, g=decay, beta=beta, cache_indices=torch.tensor([0]))
     kw["query_start_loc"] = torch.tensor([0, n])
     _, _, h = kernel.extend(**kw, ssm_states=ssm)
-    plan = gdn_taps.plan_pass([_req([(128, 2), (100, 3), (50, 4)])], [0], [n], W, 1, "cpu")
+    _, plan = _plan([[(128, 2), (100, 3), (50, 4)]], [0], [n])
     assert plan is not None
     gdn_taps.capture_layer(plan, conv, ssm, mixed_qkv[plan.conv_rows], h, incoming)
     gdn_taps.advance(plan, kernel, ssm, kw)
@@ -138,43 +164,51 @@ def _orig(backend, layer, forward_batch, mixed_qkv, *a, **k):
     return backend.kernel_dispatcher.extend(**call, query_start_loc=torch.tensor([0, n]))[0]
 
 
-def test_the_hook_reports_taps_only_after_every_linear_layer_captured() -> None:
+def test_the_layer_wrapper_gathers_around_sglangs_extend_call() -> None:
     h = torch.randn(1, 3, 2, 8, 8)
     backend, caches = _backend(h, 2)
-    req = _req([(128, 3)])
-    plan = gdn_taps.plan_pass([req], [0], [192], W, 2, "cpu")
-    fb = SimpleNamespace(
-        forward_mode=SimpleNamespace(is_target_verify=lambda: False),
-        **{gdn_taps.PLAN_ATTR: plan},
-    )
+    _, plan = _plan([[(128, 3)]], [0], [192])
+    assert plan is not None
+    fb = SimpleNamespace(forward_mode=SimpleNamespace(is_target_verify=lambda: False))
     mixed_qkv = torch.randn(192, 6)
     for layer in range(2):
-        out = gdn_taps.around_forward_extend(
-            _orig, backend, SimpleNamespace(layer_id=layer), fb, mixed_qkv
+        out = gdn_taps.capture_around(
+            _orig, plan, backend, SimpleNamespace(layer_id=layer), fb, mixed_qkv
         )
         assert out == "out"
         assert "extend" not in vars(backend.kernel_dispatcher)  # the method is back
         assert torch.equal(caches[layer].temporal[3], h[0, 2])
         assert torch.equal(caches[layer].conv[0][3], mixed_qkv[125:128].T)
-        assert getattr(req, TAPS_DONE_ATTR, None) == ([128] if layer == 1 else None)
+    assert not plan.failed
 
 
-def test_a_layer_without_per_chunk_states_publishes_nothing() -> None:
-    backend, _ = _backend(None, 2)  # e.g. a kernel that returns no h
-    req = _req([(64, 1)])
-    plan = gdn_taps.plan_pass([req], [0], [100], W, 2, "cpu")
-    fb = SimpleNamespace(
-        forward_mode=SimpleNamespace(is_target_verify=lambda: False),
-        **{gdn_taps.PLAN_ATTR: plan},
+def test_without_per_chunk_states_only_pass_start_recomputes_go_on() -> None:
+    conv, ssm = torch.zeros(4, 6, W - 1), torch.zeros(4, 2, 8, 8)
+    _, plan = _plan([[(30, 1)]], [0], [100], "checkpoints")
+    assert plan is not None
+    incoming = torch.randn(1, 2, 8, 8)
+    gdn_taps.capture_layer(plan, conv, ssm, torch.randn(1, W - 1, 6), None, incoming)
+    assert not plan.failed and torch.equal(ssm[1], incoming[0])
+    _, plan = _plan([[(64, 1)]], [0], [100], "checkpoints")
+    assert plan is not None
+    gdn_taps.capture_layer(plan, conv, ssm, torch.randn(1, W - 1, 6), None, incoming)
+    assert plan.failed
+
+
+def test_the_recompute_kernel_is_sglangs_triton_one() -> None:
+    triton = type("TritonGDNKernel", (), {})()
+    flashinfer = type("FlashInferGDNKernel", (), {"_alignment_fallback_kernel": triton})()
+    assert gdn_taps.recompute_kernel(SimpleNamespace(extend_kernel=triton)) is triton
+    assert gdn_taps.recompute_kernel(SimpleNamespace(extend_kernel=flashinfer)) is triton
+    assert gdn_taps.recompute_kernel(SimpleNamespace(extend_kernel=object())) is None
+
+
+def test_a_layer_without_per_chunk_states_fails_the_plan() -> None:
+    backend, _ = _backend(None, 1)  # e.g. FlashInfer without checkpoints: no h
+    _, plan = _plan([[(64, 1)]], [0], [100])
+    assert plan is not None
+    fb = SimpleNamespace(forward_mode=SimpleNamespace(is_target_verify=lambda: False))
+    gdn_taps.capture_around(
+        _orig, plan, backend, SimpleNamespace(layer_id=0), fb, torch.randn(100, 6)
     )
-    for layer in range(2):
-        gdn_taps.around_forward_extend(
-            _orig, backend, SimpleNamespace(layer_id=layer), fb, torch.randn(100, 6)
-        )
-    assert getattr(req, TAPS_DONE_ATTR, None) is None  # the cache returns the slots unpublished
-
-
-def test_no_capture_grid_without_sglangs_triton_gdn_backend() -> None:
-    assert gdn_taps.grid_of(SimpleNamespace()) == 0
-    runner = SimpleNamespace(attn_backend=SimpleNamespace(linear_attn_backend=object()))
-    assert gdn_taps.grid_of(SimpleNamespace(model_runner=runner)) == 0
+    assert plan.failed  # track.py then reports none of its taps: their slots go back unpublished

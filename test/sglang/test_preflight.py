@@ -50,6 +50,11 @@ def check(parser: argparse.ArgumentParser, *argv: str, launch: bool = True) -> N
             r"--hybrid-host-cache-mib 0 turns the host tier off",
         ),
         (["--radix-cache", "hybrid", "--page-size", "48"], r"--page-size 48"),
+        (["--radix-cache", "hybrid", "--hybrid-l3", "ftp://x"], r"--hybrid-l3"),
+        (
+            ["--radix-cache", "hybrid", "--hybrid-host-cache-mib", "0", "--hybrid-l3", "file:///t"],
+            r"--hybrid-l3 needs the host tier",
+        ),
     ],
 )
 def test_refused_at_parse(parser: argparse.ArgumentParser, argv: list[str], message: str) -> None:

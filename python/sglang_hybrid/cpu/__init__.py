@@ -12,6 +12,9 @@ Importing this package installs nothing and imports neither torch nor sglang. Mo
 - ``model_worker``: runs the tiny model with transformers, SGLang's pools as its state
   (``state_io``, ``split_invariant``, ``sampling``, ``hf_model``), with exact state taps
   (``taps``).
+- ``triton_interpret``: SGLang's own Triton kernels on CPU tensors under ``TRITON_INTERPRET=1``
+  (``enable_interpreter()`` in a fresh process, then ``with interpreted():``; four shims, each with
+  its reason).
 - ``loop``: ``InProcessScheduler``, an in-process driver of SGLang's real Scheduler
   (``outputs`` collects what it reports).
 

@@ -53,6 +53,11 @@ class HostSlabPool:
         # Index stack: pop() hands out low ids first, so a fresh pool fills chunk 0 first.
         self._free = list(range(self.n_slabs - 1, -1, -1))
         self._used = bytearray(self.n_slabs)
+        # A slab's allocation count: a reader on another thread (the L3 writer) that copies a
+        # slab checks it did not change meanwhile (the bytes are only rewritten after an alloc).
+        self.gen = [0] * self.n_slabs
+        # Slabs an L3 fetch is writing (``l3_adopt``): used, owned by no node or snapshot yet.
+        self.reserved: set[int] = set()
 
     @property
     def free(self) -> int:
@@ -75,8 +80,10 @@ class HostSlabPool:
         if k > len(self._free):
             return None
         out = [self._free.pop() for _ in range(k)]
+        gen = self.gen
         for s in out:
             self._used[s] = 1
+            gen[s] += 1
         return out
 
     def release(self, slabs: list[int] | tuple[int, ...]) -> None:

@@ -221,6 +221,8 @@ def check_integrity(index: PrefixIndex) -> None:
 
     # slabs and slots
     if index.host is not None:
+        for sl in index.host.reserved:  # an L3 fetch's destinations (``l3_adopt``)
+            own_slab(sl, "reserved")
         if index.host.used != len(slab_owner):
             _fail(f"host pool counts {index.host.used} used slabs, owners hold {len(slab_owner)}")
         for sl in slab_owner:

@@ -60,8 +60,8 @@ class BlockNode:
     device: object | None
     device_state: Residency
     # Host copy: a slab of the index's ``HostSlabPool``. Only changed by ``HostTransfers``
-    # (write-through), ``PrefixIndex.drop_node_host`` / ``delete_subtree`` and
-    # ``PrefixIndex.adopt_node`` (a restart, §5.5).
+    # (write-through), ``PrefixIndex.drop_node_host`` / ``delete_subtree``,
+    # ``PrefixIndex.adopt_node`` (a restart, §5.5) and ``l3_adopt`` (a fetch from L3).
     host_slab: int
     host_state: Residency
     # Liveness (§5.2). active_refs: lanes mapping this node; only changed by

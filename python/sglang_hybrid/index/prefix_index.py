@@ -50,6 +50,7 @@ from .path_counts import add_retained
 from .persist import Adopted, AdoptPlan, HostExport
 from .residency import ResidencyTracker
 from .snapshot import Snapshot, SnapshotKind
+from .split_rule import SplitRule
 from .taps import Tap, TapHint, TapPlanner
 from .transfers import HostTransfers
 from .tree import BlockTree
@@ -108,6 +109,10 @@ class PrefixIndex:
             min_gap_tokens=config.tap_min_gap_tokens,
         )
         self.followups = FollowUpOffsets()  # only open_lane observes; plan_taps reads
+        # Which exact taps split (issue #36): the binding sets its threshold, grid and tail; its
+        # per-source statistics move in publish and _hit. Threshold 0: every exact tap splits.
+        self.split_rule = SplitRule(cost, threshold=0.0)
+        self.planner.split_rule = self.split_rule
         # The rest is only changed by this class. Superseded snapshots, oldest supersession
         # first: supersede, a hit, delete.
         self.superseded: OrderedDict[Snapshot, None] = OrderedDict()
@@ -359,7 +364,7 @@ class PrefixIndex:
         demand: int = 0,
         origin: int = 0,
     ) -> Snapshot | None:
-        return publication.publish(
+        s = publication.publish(
             self,
             lane,
             key,
@@ -371,6 +376,9 @@ class PrefixIndex:
             demand=demand,
             origin=origin,
         )
+        if s is not None and origin:
+            self.split_rule.hits.note_published(origin)
+        return s
 
     def delete_snapshot(self, s: Snapshot) -> None:
         publication.delete_snapshot(self, s)
@@ -389,6 +397,8 @@ class PrefixIndex:
         if s.demand:
             s.demand -= 1  # an expected hit came: it moves from demand to hits
         s.hits += 1
+        if s.origin:
+            self.split_rule.hits.note_hit(s.origin)
         s.l_at = self.L
         s.last_hit_tick = self.tick
         if s.superseded:  # a hit retains it again until the lineage moves on (§9.3)

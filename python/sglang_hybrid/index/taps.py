@@ -40,9 +40,12 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable, Sequence
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from .keys import BLOCK_TOKENS
+
+if TYPE_CHECKING:
+    from .split_rule import SplitRule
 
 
 class HintKind(enum.IntEnum):
@@ -90,6 +93,7 @@ class TapPlanner:
         self.min_gap_tokens = min_gap_tokens
         self.exact_tails = exact_tails
         self.over_budget = 0  # taps dropped by taps_per_request, over the planner's life
+        self.split_rule: SplitRule | None = None  # which exact taps split (``split_rule.py``)
 
     def plan(
         self,
@@ -174,6 +178,8 @@ class TapPlanner:
             taken.add(p)
             anchors.append(p)
         accepted.sort()
+        if self.split_rule is not None:  # splits only where they pay (issue #36)
+            accepted = self.split_rule.apply(accepted, base=base, existing=existing)
         return accepted
 
     @staticmethod

@@ -42,6 +42,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sglang_hybrid.index.cost import CostModel
 from sglang_hybrid.index.presets import Geometry
 
 from .budget import PoolPlan
@@ -124,6 +125,8 @@ def scheduler_kwargs(
     tail_tap: TailTap = "exact",
     coalesce: bool = True,
     tap_mode: TapMode = "split",
+    split_threshold: float = 1.0,
+    split_cost: CostModel | None = None,
     taps_per_request: int | None = None,
     tap_ladder: int | None = None,
     tap_min_gap: int | None = None,
@@ -153,6 +156,8 @@ def scheduler_kwargs(
             tail_tap=tail_tap,
             coalesce=coalesce,
             tap_mode=tap_mode,
+            split_threshold=split_threshold,
+            split_cost=split_cost,
             taps_per_request=taps_per_request,
             tap_ladder=tap_ladder,
             tap_min_gap=tap_min_gap,

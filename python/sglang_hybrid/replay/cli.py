@@ -186,17 +186,28 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     hy.add_argument("--hybrid-page-size", type=int, default=None, help="default 1")
     hy.add_argument(
         "--tap-mode",
-        choices=("split", "zero-split"),
-        default="split",
-        help="taps end a prefill pass (split, what a GPU server does today: default) or are "
-        "captured inside it (zero-split, --hybrid-tap-mode)",
+        choices=("auto", "split", "zero-split"),
+        default="auto",
+        help="taps end a prefill pass (split) or are captured inside it (zero-split), as "
+        "--hybrid-tap-mode; auto (default): what the backend's auto resolves to on an H200 with "
+        "SGLang's default arguments (sglang/inpass.py; today split, splitting only where it "
+        "pays)",
     )
     hy.add_argument(
         "--capture-grid",
         choices=("any", "chunk"),
-        default="any",
-        help="with zero-split: capture at any position (the CPU workers; SGLang's GPU worker under "
-        "gdn_taps) or only on each pass's 64-token chunk grid, off-grid taps still splitting",
+        default=None,
+        help="with zero-split: capture at any position (the CPU workers; SGLang's GPU worker "
+        "through its prefill tracking and gdn_taps' recompute) or only at each request's "
+        "64-token grid from its pass start (the per-chunk states without the recompute), other "
+        "taps splitting where it pays (default: any, or what auto resolved)",
+    )
+    hy.add_argument(
+        "--split-threshold",
+        type=float,
+        default=1.0,
+        help="--hybrid-split-threshold: a tap the worker cannot capture splits its pass when "
+        "its modelled saving exceeds this many passes' cost (0: every exact tap splits)",
     )
     hy.add_argument(
         "--coalesce",
@@ -219,6 +230,8 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
 def _settings(args: argparse.Namespace, budget_gib: float) -> ReplaySettings:
     from .driver import ReplaySettings
 
+    if args.tap_mode == "auto":  # callers other than cmd_run (the profiling benchmarks)
+        resolve_tap_mode(args)
     return ReplaySettings(
         device=args.device,
         geometry=args.geometry,
@@ -236,7 +249,8 @@ def _settings(args: argparse.Namespace, budget_gib: float) -> ReplaySettings:
         hybrid_page_size=args.hybrid_page_size,
         coalesce=args.coalesce,
         tap_mode=args.tap_mode,
-        capture_grid=args.capture_grid,
+        capture_grid=args.capture_grid or "any",
+        split_threshold=args.split_threshold,
         overlap=args.overlap,
         model_dir=args.model_dir,
         progress=args.progress,
@@ -253,10 +267,13 @@ def cmd_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
         raise SystemExit(f"--caches: unknown {unknown}; choose from {', '.join(CACHES)}")
     if args.prefill_pool and args.warmup_unrelated:
         raise SystemExit("--prefill-pool sizes the warm-up itself: drop --warmup-unrelated")
-    if args.capture_grid != "any" and args.tap_mode != "zero-split":
+    tap_note = resolve_tap_mode(args)
+    if args.capture_grid not in (None, "any") and args.tap_mode != "zero-split":
         raise SystemExit(
             "--capture-grid says where zero-split taps are captured: add --tap-mode zero-split"
         )
+    if not args.split_threshold >= 0 or args.split_threshold == float("inf"):
+        raise SystemExit(f"--split-threshold {args.split_threshold}: give a finite number >= 0")
     trace = load_trace(args.trace, args)
     warm = args.prefill_pool or args.warmup_unrelated > 0
     meta = {
@@ -267,6 +284,7 @@ def cmd_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
         "trace": f"{trace.name} ({len(trace.requests)} requests, "
         f"{sum(r.n for r in trace.requests):,} prompt tokens; {trace.source})",
     }
+    meta["tap mode"] = tap_note
     if args.overlap:
         meta["overlap"] = "overlap scheduling on (no_buffer without: SGLang refuses it there)"
     if warm:
@@ -289,6 +307,30 @@ def cmd_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
         print(f"wrote report.json, report.md, reuse_vs_budget.png, ttft_cdf.png to {args.out}")
     print(markdown(sweep, meta))
     return 0
+
+
+def resolve_tap_mode(args: argparse.Namespace) -> str:
+    """Turn ``--tap-mode auto`` into what the backend's auto picks on an H200 with SGLang's
+    default arguments (``inpass.replay_default``); returns the line the report records."""
+    from sglang_hybrid.sglang.inpass import replay_default
+
+    if args.tap_mode != "auto":
+        grid = args.capture_grid or "any"
+        extra = f", capture grid {grid}" if args.tap_mode == "zero-split" else ""
+        return f"{args.tap_mode} (asked for{extra}), split threshold {args.split_threshold:g}"
+    choice = replay_default()
+    if args.capture_grid is not None and choice.mode != "zero-split":
+        raise SystemExit(
+            f"--capture-grid: --tap-mode auto resolves to {choice.mode} here; add --tap-mode "
+            f"zero-split"
+        )
+    args.tap_mode = choice.mode
+    if choice.mode == "zero-split" and args.capture_grid is None:
+        args.capture_grid = "any" if choice.grid == 1 else "chunk"
+    return (
+        f"{choice.message} [as on an H200 with SGLang's defaults], split threshold "
+        f"{args.split_threshold:g}"
+    )
 
 
 def _warmup(args: argparse.Namespace, trace: Trace, settings: ReplaySettings) -> Trace | None:

@@ -19,6 +19,7 @@ row (it is owned by the index).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from sglang_hybrid.cpu.token_worker import BatchWork
@@ -67,6 +68,12 @@ class BatchClock:
         self.geometry: Geometry = GEOMETRIES[geometry]
         self.prefill: CostModel = cost_preset(device, geometry)
         self.decode: DecodeCost = decode_preset(device, geometry)
+
+    def split_cost(self) -> CostModel:
+        """The prefill cost model with this device's weight read (a decode step reads the
+        weights once): what the hybrid cache's split rule prices an extra pass at
+        (``CostModel.split_seconds``)."""
+        return dataclasses.replace(self.prefill, weight_read_s=self.decode.step_s)
 
     def pass_seconds(self, work: BatchWork, h2d_bytes: int = 0) -> float:
         if work.num_reqs == 0:

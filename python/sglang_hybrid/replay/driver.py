@@ -83,10 +83,13 @@ class ReplaySettings:
     tap_min_gap: int | None = None  # hybrid's --hybrid-tap-min-gap
     hybrid_page_size: int | None = None  # None: caches.PAGE_SIZE
     coalesce: bool = True  # the hybrid backend's in-flight prefix coalescing (spec §12.2)
-    # Split by default: what a GPU server gets today (SGLang's GPU worker captures no state
-    # inside a pass); zero-split models the in-pass capture the CPU workers already offer.
+    # What the cache runs (never "auto": the CLI resolves it as an H200 with SGLang's default
+    # arguments would, ``inpass.replay_default``); split is what a GPU server gets today.
     tap_mode: TapMode = "split"
-    capture_grid: str = "any"  # zero-split: "any" position (CPU workers) or "chunk" (GPU hook)
+    # zero-split: "any" position (the CPU workers; SGLang's GPU worker with gdn_taps' recompute)
+    # or "chunk" (each request's 64-token grid from its pass start: no recompute)
+    capture_grid: str = "any"
+    split_threshold: float = 1.0  # --hybrid-split-threshold (index/split_rule.py)
     overlap: bool = False  # SGLang's overlap loop, for every cache that supports it (--overlap)
     model_dir: str | None = None  # the tiny model; written once under the cache dir if unset
     progress: bool | None = None  # None: a bar when stderr is a terminal
@@ -146,6 +149,8 @@ def replay(
         tail_tap=settings.tail_tap,
         coalesce=settings.coalesce,
         tap_mode=settings.tap_mode,
+        split_threshold=settings.split_threshold,
+        split_cost=clock.split_cost(),  # the split rule prices passes as this clock does
         taps_per_request=settings.taps_per_request,
         tap_ladder=settings.tap_ladder,
         tap_min_gap=settings.tap_min_gap,

@@ -100,7 +100,9 @@ def markdown(sweep: list[SweepPoint], meta: dict[str, Any]) -> str:
     if meta.get("command"):
         lines += ["```", str(meta["command"]), "```", ""]
     facts = [
-        f"{k}: {meta[k]}" for k in ("date", "machine", "trace", "warmup", "overlap") if meta.get(k)
+        f"{k}: {meta[k]}"
+        for k in ("date", "machine", "trace", "tap mode", "warmup", "overlap")
+        if meta.get(k)
     ]
     if facts:
         lines += ["; ".join(facts), ""]

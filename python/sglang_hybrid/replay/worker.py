@@ -59,8 +59,9 @@ class ReplayWorker(TokenWorker):
 
 class ChunkGridReplayWorker(ReplayWorker):
     """Captures in-pass taps only on each pass's 64-token chunk grid, off-grid taps ending their
-    pass: zero-split without the off-grid recompute (the sgl-kernel-ext issue's first design;
-    ``sglang/gdn_taps.py`` recomputes, so SGLang's GPU worker captures anywhere). Kept to show
-    what the recompute is worth (``plugin._resolve_tap_mode`` reads ``state_tap_grid``)."""
+    pass where it pays: zero-split without the off-grid recompute (SGLang's prefill tracking and
+    the per-chunk states alone; ``sglang/gdn_taps.py`` recomputes, so SGLang's GPU worker
+    captures anywhere). Kept to show what the recompute is worth (``inpass.capture_of`` reads
+    ``state_tap_grid``)."""
 
     state_tap_grid = 64

@@ -55,6 +55,7 @@ from ..store.layout import build_layout
 from .coalesce import Coalescer
 from .flags import HybridOptions
 from .host_tier import HostTier
+from .l3_tier import L3Tier
 from .load_back import LoadBack
 from .metrics import CacheMetrics, with_dp_rank
 from .pages import alloc_evicting, ceil_to, free_dropped
@@ -115,6 +116,7 @@ class HybridRadixCache(BasePrefixCache):
         # The host tier's copies (``host_tier.py``), with ``--hybrid-host-cache-mib``; the index's
         # own ``host`` is the slab pool they copy into.
         self.host_tier: HostTier | None = None
+        self.l3: L3Tier | None = None  # ``--hybrid-l3`` (``l3_tier.py``, set by the factory)
         self.skips = Skips()
         self.rank_check: RankCheck | None = None  # --hybrid-check-ranks (set by the factory)
         # zero-split: taps on each pass's grid of this many tokens (from where the request's
@@ -155,6 +157,11 @@ class HybridRadixCache(BasePrefixCache):
         index = PrefixIndex(
             self.config, image_bytes=self.image_bytes, slab_bytes=self.slab_bytes, cost=self.cost
         )
+        rule = index.split_rule  # which exact taps end a pass (issue #36, index/split_rule.py)
+        rule.threshold = self.options.split_threshold
+        rule.cost = self.options.split_cost or self.cost
+        rule.grid = self.capture_grid
+        rule.exact_tail = self.options.tail_tap == "exact"
         if self.config.has_host and not self.disable:
             if self.host_tier is not None:
                 self.host_tier.rebind(index)  # a reset keeps the allocation, drops the contents
@@ -293,6 +300,8 @@ class HybridRadixCache(BasePrefixCache):
         self._slot_ids = []
         if self.coalescer is not None:
             self.coalescer.on_reset()
+        if self.l3 is not None:
+            self.l3.on_reset()
 
     # ================================================================ match
     def match_prefix(self, params: MatchPrefixParams) -> MatchResult:
@@ -516,7 +525,11 @@ class HybridRadixCache(BasePrefixCache):
         self.load_back.release_aborted_request(handle)
 
     def held_for_restores(self, queue: list[Req]) -> list[Req]:
-        return self.load_back.held_for_restores(queue)
+        held = self.load_back.held_for_restores(queue)
+        if self.l3 is not None:  # lookups and fetches from L3 in flight (``l3_tier.py``)
+            mine = set(map(id, held))
+            held += [r for r in self.l3.held(queue) if id(r) not in mine]
+        return held
 
     def on_admitted(self, req: Req) -> None:
         self.load_back.on_admitted(req)
@@ -526,9 +539,11 @@ class HybridRadixCache(BasePrefixCache):
 
     def poll(self) -> None:
         self.load_back.poll()
+        if self.l3 is not None:
+            self.l3.poll()
 
     def copies_in_flight(self) -> bool:
-        return self.load_back.copies_in_flight()
+        return self.load_back.copies_in_flight() or (self.l3 is not None and self.l3.in_flight())
 
     # ================================================================ release
     def on_release(self, req: Req, *, checkpointed: bool) -> None:
@@ -621,6 +636,8 @@ class HybridRadixCache(BasePrefixCache):
                 host_prefetched_blocks=host.prefetched_blocks,
                 **host.queue_stats(),
             )
+        if self.l3 is not None:
+            out.update(self.l3.stats())
         return out
 
     def decision_counters(self) -> tuple[int, ...]:
@@ -652,4 +669,6 @@ class HybridRadixCache(BasePrefixCache):
         self.save_host_tier()
         if self.host_tier is not None:
             self.host_tier.close()  # drains, then stops the copy worker (CPU)
+        if self.l3 is not None:
+            self.l3.close()
         super().release_host_resources()

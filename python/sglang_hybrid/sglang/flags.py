@@ -13,10 +13,10 @@ concurrency and chunk size (:func:`resolve`).
 from __future__ import annotations
 
 import argparse
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any, Literal
 
-from ..index import CacheConfig, ConfigError, resolve_config
+from ..index import CacheConfig, ConfigError, CostModel, resolve_config
 from ..index.config import (
     DEFAULT_HOST_CACHE_MIB,
     FLAG_HOST,
@@ -36,6 +36,8 @@ FLAG_TAP_MODE = "--hybrid-tap-mode"
 FLAG_HOST_COPY = "--hybrid-host-copy"
 FLAG_HOST_WRITE = "--hybrid-host-write-mib"
 FLAG_CACHE_FILE = "--hybrid-cache-file"
+FLAG_L3 = "--hybrid-l3"
+FLAG_SPLIT = "--hybrid-split-threshold"
 TapMode = Literal["split", "zero-split", "auto"]
 TailTap = Literal["exact", "flexible"]
 
@@ -54,6 +56,11 @@ class HybridOptions:
     host_copy: CopyMode = "async"
     host_write_mib: int = 512
     cache_file: str | None = None  # --hybrid-cache-file: the host tier across restarts (§5.5)
+    l3: str | None = None  # --hybrid-l3 URL: a third tier shared by a fleet (``l3_tier.py``)
+    split_threshold: float = 1.0  # --hybrid-split-threshold (index/split_rule.py)
+    # The prefill cost the split rule prices a pass and its tokens at; None: the cache's own
+    # (``CostModel()``'s planning values). Not a flag: the replay sets its clock's preset.
+    split_cost: CostModel | None = None
 
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
@@ -129,10 +136,25 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         FLAG_TAP_MODE,
         choices=("split", "zero-split", "auto"),
         default="auto",
-        help="How a tap on the pass's 64-token grid is captured: 'split' ends the prefill pass "
-        "there; 'zero-split' has the model worker copy the state inside the pass (no extra pass; "
-        "needs a worker that offers in-pass state taps); 'auto' takes zero-split where the worker "
-        "offers it, split otherwise (default auto). Taps off the grid (inside a block) split.",
+        help="How a tap inside a prefill pass is captured: 'split' ends the pass there; "
+        "'zero-split' has the model worker copy the state inside the pass (the CPU workers at "
+        "any position; SGLang's GPU worker through its own prefill tracking, at each "
+        "request's 64-token grid with the FlashInfer GDN prefill, anywhere with the Triton one, "
+        "not under full prefill CUDA graphs); 'auto' takes zero-split where the worker's "
+        "in-pass states are exact and the path was verified on this hardware, split otherwise, "
+        "and logs which and why (default auto). Taps the worker cannot capture split where "
+        "the split pays (see --hybrid-split-threshold).",
+    )
+    g.add_argument(
+        FLAG_SPLIT,
+        type=_non_negative_float,
+        default=1.0,
+        metavar="RATIO",
+        help="An exact tap the model worker cannot capture inside a prefill pass ends the pass "
+        "there only when the prefill it is expected to save later requests (how often taps of "
+        "its kind were resumed from, times the tokens it saves over the state they would find "
+        "instead) exceeds RATIO times the cost of one more pass; declined splits are counted "
+        "as the split_declined skip (default 1.0; 0 splits for every exact tap).",
     )
     g.add_argument(
         FLAG_CHECK_RANKS,
@@ -169,6 +191,18 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         "tier (--hybrid-host-cache-mib > 0). Inspect a file with 'sglang-hybrid cache inspect "
         "PATH'.",
     )
+    # --hybrid-l3 (issue #39): its URL is checked when the cache is built (``l3_tier.setup``).
+    g.add_argument(
+        FLAG_L3,
+        default=None,
+        metavar="URL",
+        help="A third tier behind the host tier, shared by every server pointed at it: "
+        "mooncake://MASTER_HOST:PORT?metadata=http://HOST:PORT/metadata (Mooncake Store; "
+        "segment=MIB gives it this server's memory too) or file://DIR (a directory, one "
+        "machine). Blocks and state snapshots written to the host tier go there too; a prompt "
+        "that misses device and host fetches its deepest snapshot from it. Needs a host tier. "
+        "See docs/l3.md.",
+    )
 
 
 def _non_negative(value: str) -> int:
@@ -176,6 +210,16 @@ def _non_negative(value: str) -> int:
     if n < 0:
         raise argparse.ArgumentTypeError(f"{value}: give 0 or more MiB")
     return n
+
+
+def _non_negative_float(value: str) -> float:
+    try:
+        x = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value}: give a number >= 0") from None
+    if not x >= 0 or x == float("inf"):
+        raise argparse.ArgumentTypeError(f"{value}: give a finite number >= 0")
+    return x
 
 
 def options_from_namespace(args: argparse.Namespace) -> HybridOptions:
@@ -192,6 +236,8 @@ def options_from_namespace(args: argparse.Namespace) -> HybridOptions:
         host_copy=args.hybrid_host_copy,
         host_write_mib=args.hybrid_host_write_mib,
         cache_file=getattr(args, "hybrid_cache_file", None),
+        l3=getattr(args, "hybrid_l3", None),
+        split_threshold=getattr(args, "hybrid_split_threshold", 1.0),
     )
 
 
@@ -230,7 +276,7 @@ def resolve(
         spare = state_slots - concurrency - 1
         if spare > config.device_snapshot_slots:
             config = _resolve(
-                HybridOptions(**{**asdict(opts), "device_snapshot_slots": spare}),
+                replace(opts, device_snapshot_slots=spare),
                 concurrency=concurrency,
                 chunk_tokens=chunk_tokens,
             )
@@ -255,11 +301,16 @@ def flag_of(field_name: str) -> str:
     return "--hybrid-" + field_name.replace("_", "-")
 
 
+NOT_FLAGS = frozenset({"split_cost"})  # HybridOptions fields no flag sets
+
+
 def explicit_flags(opts: HybridOptions) -> list[str]:
     """The cache flags whose values differ from their defaults (as the operator would type them)."""
     default = HybridOptions()
     out = []
     for f in fields(HybridOptions):
+        if f.name in NOT_FLAGS:
+            continue
         value = getattr(opts, f.name)
         if value != getattr(default, f.name):
             flag = flag_of(f.name)

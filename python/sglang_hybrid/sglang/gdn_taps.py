@@ -1,47 +1,40 @@
-"""Zero-split taps on SGLang's own GPU worker: states gathered from its GDN prefill.
+"""In-pass taps gathered from the GDN prefill's per-chunk states, beyond SGLang's one per request.
 
-SGLang 0.5.23's Triton GDN prefill (``TritonGDNKernel``, behind ``GDNAttnBackend.forward_extend``)
-returns ``h``: the recurrent state at the start of every 64-token chunk of every sequence of the
-pass. The conv state at a position is the ``W - 1`` pre-convolution inputs before it, rows of the
-``mixed_qkv`` the backend convolves. So a tap inside a pass costs gathers, not a pass that ends
-there; a tap between chunk starts adds a recompute over its < 64 tokens since the chunk start
-below it (SGLang's own extra_buffer tracking does the same for unaligned positions). Contract:
+SGLang's own prefill tracking (``track.py``) copies one state per request per pass. The extend
+kernel that state comes from computes more: the Triton kernel returns ``h``, the state at the
+start of every 64-token chunk of every request of the pass (bf16, ``[1, chunks, H, V, K]``,
+``ceil(len / 64)`` per request), and FlashInfer's returns, once tracking asks for checkpoints,
+the state after every 64 tokens of every request (the kernel's state dtype, fp32 on SM90,
+``len // 64`` per request). The conv state at a position is the ``W - 1`` pre-convolution rows of
+``mixed_qkv`` before it. So the request's other taps on its chunk grid cost gathers, and a tap
+between chunk starts costs a recompute over its < 64 tokens since the chunk start below it (one
+more call of SGLang's Triton extend kernel over the packed segments; with FlashInfer's prefill
+it starts from the fp32 checkpoint, so the state differs from a pass ending there by fp32
+rounding only). Contract:
 
-- ``grid_of(worker)``: 1 (any position) when the worker runs SGLang's ``GDNAttnBackend`` (inside
-  its hybrid backend) with the Triton extend kernel on CUDA, else 0 (no capture: taps split).
-- ``after_init_new`` (AFTER ``ForwardBatch.init_new``): for an extend batch whose requests carry
-  ``req.hybrid_state_taps`` (``cpu/taps.py``: the cache's reservations), attaches a ``PassTaps``
-  plan to the forward batch: conv source rows, chunk indices into ``h``, the recompute's token
-  rows and ``cu_seqlens``, destination slots, as device tensors made once per pass (no sync).
-- ``around_forward_extend`` (AROUND ``GDNAttnBackend.forward_extend``): with a plan, copies the
-  taps' pre-conv rows before the layer runs, catches ``h`` (and, for taps whose chunk start is
-  the pass's start, the requests' incoming states) from the extend kernel call, then writes the
-  conv windows, the chunk states, and advances the off-grid ones with one more call of the same
-  kernel over their packed segments (``advance``). Once every linear layer of the pass captured,
-  each tap's position is appended to ``req.hybrid_state_taps_done``; a layer without ``h``
-  (another kernel), an unknown call shape or a graph capture marks nothing, so the cache returns
-  those slots unpublished (``publish._settle_inpass``) and nothing wrong is ever published.
+- ``plan_pass(reqs, taps, ...)``: the gathers of one pass as device tensors made once per pass
+  (no sync), for the ``(position, slot)`` taps of each row; ``layout`` is ``"chunks"`` (Triton's
+  ``h``) or ``"checkpoints"`` (FlashInfer's);
+- ``capture_around(orig, plan, backend, layer, ...)``: runs the layer with its extend call caught,
+  copies the taps' pre-conv rows before it and gathers the states after it (``capture_layer``,
+  ``advance``); a layer without per-chunk states or with an unknown call shape marks the plan
+  failed, so its taps are never reported and go back unpublished (``publish._settle_inpass``).
 
-Unverified on a GPU (no run of SGLang's model runner here: ``sgl_kernel`` does not travel to the
-lent H200). The facts it rests on are checked by the GPU check where one runs: ``h[:, i]`` against
-the state of a pass cut at ``64 i`` with SGLang's own kernel, and this module's plan and gathers on
-two packed sequences (stage C), the gather ops (stage K). ``h`` is in the activation dtype (bf16),
-so a captured state is the bf16 rounding of the exact one, as in SGLang's own extra_buffer
-tracking; hence ``--hybrid-tap-mode auto`` keeps ``split`` on GPUs (``plugin._resolve_tap_mode``)
-and this path runs only when asked for explicitly.
+``track.py`` builds the plan with SGLang's tracked row, keeps it across breakable prefill graph
+replays and reports the taps once every linear layer ran. Unverified on a GPU: stage C of the
+GPU check compares ``h[:, i]`` with the state of a pass cut at ``64 i``, stage I
+(``stage_inpass.py``) the whole path; ``h`` from Triton is in the activation dtype, so its states
+are the bf16 rounding of the exact ones (``inpass.py``: ``auto`` does not take that path).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from ..cpu.taps import TAPS_ATTR, TAPS_DONE_ATTR
-
-CHUNK = 64  # FLA's chunk size in SGLang's Triton GDN prefill
-PLAN_ATTR = "hybrid_pass_taps"
+CHUNK = 64  # FLA's chunk size in SGLang's GDN prefill kernels
 
 
 @dataclass(slots=True)
@@ -58,37 +51,27 @@ class PassTaps:
     seg_rows: torch.Tensor  # token rows from each chunk start up to its tap, concatenated
     seg_cu: torch.Tensor  # [r + 1] cumulative segment lengths (cu_seqlens of the recompute)
     done: list[tuple[Any, int]]  # (req, position) to report once every layer captured
-    layers_left: int  # linear layers still to capture this pass
     at_pass_start: bool = False  # some off-grid tap starts from the request's incoming state
+    needs_states: bool = True  # some tap reads a per-chunk state (all but pass-start recomputes)
     failed: bool = False
-    seen: set[int] = field(default_factory=set)  # layer ids captured (a layer counts once)
-
-
-def grid_of(worker: Any) -> int:
-    """The capture grid SGLang's worker offers (1: any position, from the Triton GDN prefill's
-    ``h`` and a short recompute; 0: none)."""
-    runner = getattr(worker, "model_runner", None)
-    backend = getattr(runner, "attn_backend", None)
-    linear = getattr(backend, "linear_attn_backend", None)
-    if linear is None or type(linear).__name__ != "GDNAttnBackend":
-        return 0
-    kernel = getattr(getattr(linear, "kernel_dispatcher", None), "extend_kernel", None)
-    if type(kernel).__name__ != "TritonGDNKernel" or not torch.cuda.is_available():
-        return 0
-    return 1
 
 
 def plan_pass(
     reqs: list[Any],
+    taps: list[list[tuple[int, int]]],
     prefix_lens: list[int],
     extend_lens: list[int],
     conv_width: int,
-    n_linear_layers: int,
     device: torch.device | str,
+    layout: str = "chunks",
 ) -> PassTaps | None:
-    """The plan for one extend pass, or None when no request has a tap inside it. A tap closer
-    than ``conv_width - 1`` tokens to its pass's start is left out (its conv window would
-    reach into the incoming conv state): never reported done, its slot goes back unpublished."""
+    """The plan for one extend pass, or None when no row has a tap inside it. ``taps[i]``: row
+    i's ``(position, slot)`` pairs. A tap closer than ``conv_width - 1`` tokens to its pass's
+    start is left out (its conv window would reach into the incoming conv state): never reported
+    done, its slot goes back unpublished."""
+    if layout not in ("chunks", "checkpoints"):
+        raise ValueError(f"unknown per-chunk state layout {layout!r}")
+    checkpoints = layout == "checkpoints"
     keep = conv_width - 1
     conv_rows: list[list[int]] = []
     conv_dst: list[int] = []
@@ -101,26 +84,30 @@ def plan_pass(
     seg_cu = [0]
     done: list[tuple[Any, int]] = []
     token_start = chunk_start = 0
-    for row, (req, prefix, ext) in enumerate(zip(reqs, prefix_lens, extend_lens, strict=True)):
-        for p, slot in getattr(req, TAPS_ATTR, None) or ():
+    rows = zip(reqs, taps, prefix_lens, extend_lens, strict=True)
+    for row, (req, row_taps, prefix, ext) in enumerate(rows):
+        for p, slot in row_taps:
             o = int(p) - prefix
+            c = CHUNK * (o // CHUNK)
             if not keep <= o < ext:
                 continue
             conv_rows.append(list(range(token_start + o - keep, token_start + o)))
             conv_dst.append(int(slot))
-            c = CHUNK * (o // CHUNK)
+            # Triton: chunk j of the row starts after 64 j tokens; FlashInfer: checkpoint j - 1
+            # of the row is the state after 64 j tokens.
+            shift = 1 if checkpoints else 0
             if o == c:
-                grid_chunks.append(chunk_start + o // CHUNK)
+                grid_chunks.append(chunk_start + o // CHUNK - shift)
                 grid_dst.append(int(slot))
             else:
                 off_dst.append(int(slot))
-                off_chunks.append(chunk_start + c // CHUNK if c else -1)
+                off_chunks.append(chunk_start + c // CHUNK - shift if c else -1)
                 off_rows.append(row)
                 seg_rows.extend(range(token_start + c, token_start + o))
                 seg_cu.append(len(seg_rows))
             done.append((req, int(p)))
         token_start += ext
-        chunk_start += -(-ext // CHUNK)
+        chunk_start += ext // CHUNK if checkpoints else -(-ext // CHUNK)
     if not done:
         return None
     return PassTaps(
@@ -134,32 +121,14 @@ def plan_pass(
         seg_rows=_ids(seg_rows, device),
         seg_cu=_ids(seg_cu, device),
         done=done,
-        layers_left=n_linear_layers,
         at_pass_start=-1 in off_chunks,
+        needs_states=bool(grid_dst) or any(c >= 0 for c in off_chunks),
     )
 
 
 def _ids(x: list[int], device: torch.device | str) -> torch.Tensor:
     # SGLang's own per-batch metadata goes to the device the same way: no stream sync.
     return torch.tensor(x, dtype=torch.int64).to(device, non_blocking=True)
-
-
-def after_init_new(fb: Any, cls: Any, batch: Any, model_runner: Any, *a: Any, **k: Any) -> None:
-    if not batch.forward_mode.is_extend() or batch.forward_mode.is_target_verify():
-        return
-    if not any(getattr(r, TAPS_ATTR, None) for r in batch.reqs):
-        return
-    pool = model_runner.req_to_token_pool
-    conv = pool.mamba_pool.mamba_cache.conv[0]
-    plan = plan_pass(
-        batch.reqs,
-        [int(x) for x in batch.prefix_lens],
-        [int(x) for x in batch.extend_lens],
-        int(conv.shape[-1]) + 1,
-        len(pool.mamba_map),
-        conv.device,
-    )
-    setattr(fb, PLAN_ATTR, plan)
 
 
 def capture_layer(
@@ -178,7 +147,12 @@ def capture_layer(
     No ``h``: the pass failed."""
     conv_states[plan.conv_dst] = windows.transpose(1, 2).to(conv_states.dtype)
     if h is None:
-        plan.failed = True
+        # Without per-chunk states (FlashInfer makes none without a tracked row) only taps that
+        # recompute from the request's incoming state can be taken.
+        if plan.needs_states or incoming is None:
+            plan.failed = True
+            return
+        ssm_states[plan.off_dst] = incoming.to(ssm_states.dtype)
         return
     states = h.squeeze(0) if h.dim() == ssm_states.dim() + 1 else h
     if plan.grid_dst.numel():
@@ -210,31 +184,17 @@ def advance(plan: PassTaps, kernel: Any, ssm_states: torch.Tensor, kw: dict[str,
     )
 
 
-def finish_layer(plan: PassTaps, layer_id: int) -> None:
-    """Count a layer captured; after the last one, report the taps done (unless one failed)."""
-    if layer_id in plan.seen:
-        return
-    plan.seen.add(layer_id)
-    plan.layers_left -= 1
-    if plan.layers_left == 0 and not plan.failed:
-        for req, p in plan.done:
-            done = getattr(req, TAPS_DONE_ATTR, None)
-            if done is None:
-                done = []
-                setattr(req, TAPS_DONE_ATTR, done)
-            done.append(p)
-
-
-def around_forward_extend(
-    orig: Any, backend: Any, layer: Any, forward_batch: Any, mixed_qkv: Any, *a: Any, **k: Any
+def capture_around(
+    orig: Any,
+    plan: PassTaps,
+    backend: Any,
+    layer: Any,
+    forward_batch: Any,
+    mixed_qkv: Any,
+    *a: Any,
+    **kw: Any,
 ) -> Any:
-    plan: PassTaps | None = getattr(forward_batch, PLAN_ATTR, None)
-    if (
-        plan is None
-        or forward_batch.forward_mode.is_target_verify()
-        or (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
-    ):
-        return orig(backend, layer, forward_batch, mixed_qkv, *a, **k)
+    """``GDNAttnBackend.forward_extend`` (``orig``) with this layer's taps gathered."""
     cache = backend.req_to_token_pool.mamba2_layer_cache(layer.layer_id)
     dispatcher = backend.kernel_dispatcher
     inner = dispatcher.extend
@@ -255,12 +215,30 @@ def around_forward_extend(
     windows = mixed_qkv[plan.conv_rows]  # a copy of the pre-conv rows, before the layer runs
     dispatcher.extend = extend  # this call only: the instance attribute shadows the method
     try:
-        out = orig(backend, layer, forward_batch, mixed_qkv, *a, **k)
+        out = orig(backend, layer, forward_batch, mixed_qkv, *a, **kw)
     finally:
         del dispatcher.extend
     h = None if seen.get("unknown") else seen.get("h")
     capture_layer(plan, cache.conv[0], cache.temporal, windows, h, seen.get("incoming"))
-    if not plan.failed:
-        advance(plan, dispatcher.extend_kernel, cache.temporal, seen["kw"])
-    finish_layer(plan, int(layer.layer_id))
+    if not plan.failed and plan.off_dst.numel():
+        kernel = recompute_kernel(dispatcher)
+        if kernel is None:
+            plan.failed = True
+        else:
+            advance(plan, kernel, cache.temporal, seen["kw"])
     return out
+
+
+def recompute_kernel(dispatcher: Any) -> Any:
+    """SGLang's Triton GDN extend kernel for the off-grid recompute: the extend kernel itself,
+    else the Triton instance SGLang's dispatcher keeps beside FlashInfer's (its tree-verify
+    kernel, and FlashInfer's own alignment fallback); None when there is none."""
+    extend = getattr(dispatcher, "extend_kernel", None)
+    for k in (
+        extend,
+        getattr(dispatcher, "tree_verify_kernel", None),
+        getattr(extend, "_alignment_fallback_kernel", None),
+    ):
+        if type(k).__name__ == "TritonGDNKernel":
+            return k
+    return None

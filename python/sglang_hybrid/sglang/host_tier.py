@@ -136,6 +136,7 @@ class HostTier:
         self._holds: dict[int, int] = {}  # lane id -> operations keeping it open
         self._closing: dict[int, Lane] = {}  # lanes released once their operations retire
         self.c = _Counters()
+        self.l3: Any = None  # ``--hybrid-l3``: told what landed (``l3_tier.py``)
 
     # ---------------------------------------------------------------- counters (stats())
     @property
@@ -297,6 +298,8 @@ class HostTier:
         def done(moved: int) -> None:
             self.index.transfers.complete_writes(planned)
             self.c.written_bytes += moved
+            if self.l3 is not None:
+                self.l3.wrote_blocks(planned)
 
         def failed(exc: BaseException) -> None:
             self.index.transfers.abort_writes(planned)
@@ -321,6 +324,8 @@ class HostTier:
         def done(moved: int) -> None:
             self.index.transfers.complete_image_write(s)
             self.c.written_bytes += moved
+            if self.l3 is not None:
+                self.l3.wrote_snapshot(s)
 
         def failed(exc: BaseException) -> None:
             self.index.transfers.abort_image_write(s)

@@ -100,18 +100,22 @@ def register() -> None:
         _cached_tokens_details,
         after,
     )
-    # Zero-split taps on SGLang's own GPU worker (gdn_taps.py: a plan per extend pass, gathered
-    # inside the GDN backend's forward); inert unless a request carries in-pass taps.
-    from . import gdn_taps
+    # In-pass taps on SGLang's own GPU worker (track.py: SGLang's prefill tracking filled by the
+    # cache, gdn_taps.py for the other taps of a pass); inert unless a request carries them.
+    from . import track
 
+    gdn = "sglang.srt.layers.attention.linear.gdn_backend.GDNAttnBackend"
     HookRegistry.register(
         "sglang.srt.model_executor.forward_batch_info.ForwardBatch.init_new",
-        gdn_taps.after_init_new,
+        track.after_init_new,
         after,
     )
+    HookRegistry.register(f"{gdn}.init_forward_metadata", track.after_init_forward_metadata, after)
+    HookRegistry.register(f"{gdn}.forward_extend", track.around_forward_extend, around)
     HookRegistry.register(
-        "sglang.srt.layers.attention.linear.gdn_backend.GDNAttnBackend.forward_extend",
-        gdn_taps.around_forward_extend,
+        "sglang.srt.layers.attention.linear.kernels.gdn_flashinfer"
+        ".maybe_build_flashinfer_checkpoint_plan",
+        track.around_checkpoint_plan,
         around,
     )
     from . import chat_server
@@ -441,44 +445,37 @@ def _cached_tokens_details(result: Any, streamer: Any, req: Any, *args: Any) -> 
     if host > int(details.get("host", 0) or 0):
         details["device"] = req.cached_tokens - host
         details["host"] = host
+    l3 = getattr(req, "_hybrid_l3_tokens", 0)  # ``l3_tier.TOKENS``: fetched from L3 first
+    if l3:
+        details["hybrid_l3_tokens"] = min(l3, req.cached_tokens)
     return details
 
 
 # ---------------------------------------------------------------- the factory
 def _resolve_tap_mode(opts: Any, worker: Any) -> tuple[Any, int]:
-    """The tap mode to run and its capture grid (1: any position; 64: chunk starts; 0: split).
-
-    The CPU workers capture at any position inside their one model call (``state_taps``,
-    ``cpu/capture.py``). SGLang's GPU worker captures anywhere too when it runs the Triton GDN
-    prefill (``gdn_taps.grid_of``: chunk states plus a short recompute); that path is unverified
-    on a GPU and its states are bf16-rounded, so ``auto`` keeps ``split`` there and only an
-    explicit ``zero-split`` uses it (logged). Explicit ``zero-split`` on a worker that captures
-    nothing is refused."""
+    """The tap mode to run and its capture grid (1: any position; g > 1: positions a multiple of
+    g past the pass start; 0: split), from what the worker captures inside a pass
+    (``inpass.capture_of``: the CPU workers anywhere, SGLang's GPU worker through its own prefill
+    tracking and ``gdn_taps``). ``auto`` takes in-pass capture only where it is exact and
+    verified (``inpass.resolve_mode``), and logs which and why; explicit ``zero-split`` on a
+    worker that captures nothing is refused."""
     import dataclasses
 
     from ..index import ConfigError
-    from . import gdn_taps
     from .flags import FLAG_TAP_MODE
+    from .inpass import capture_of, resolve_mode
 
-    cpu = bool(getattr(worker, "state_taps", False))
-    # A worker may narrow where it captures (``state_tap_grid``: the replay's chunk-grid variant).
-    grid = int(getattr(worker, "state_tap_grid", 1)) if cpu else gdn_taps.grid_of(worker)
-    if opts.tap_mode == "zero-split" and not grid:
+    capture = capture_of(worker)
+    try:
+        choice = resolve_mode(opts.tap_mode, capture)
+    except ValueError as e:
         raise ConfigError(
-            f"{FLAG_TAP_MODE} zero-split: the model worker ({type(worker).__name__}) does not "
-            f"capture recurrent states inside a prefill pass (SGLang's GPU worker does with the "
-            f"Triton GDN prefill only); use {FLAG_TAP_MODE} split or auto"
-        )
-    if opts.tap_mode == "auto":
-        opts = dataclasses.replace(opts, tap_mode="zero-split" if cpu else "split")
-    if opts.tap_mode == "zero-split" and not cpu:
-        logger.warning(
-            "%s zero-split on SGLang's GPU worker: taps are gathered from the Triton GDN "
-            "prefill's per-chunk states and a short recompute (bf16-rounded; unverified on a "
-            "GPU, docs/sglang-backend.md)",
-            FLAG_TAP_MODE,
-        )
-    return opts, grid if opts.tap_mode == "zero-split" else 0
+            f"{FLAG_TAP_MODE} {opts.tap_mode}: {e} ({type(worker).__name__}); use "
+            f"{FLAG_TAP_MODE} split or auto"
+        ) from None
+    log = logger.warning if choice.mode == "zero-split" and not capture.exact else logger.info
+    log("sglang-hybrid %s %s", FLAG_TAP_MODE, choice.message)
+    return dataclasses.replace(opts, tap_mode=choice.mode), choice.grid
 
 
 def build_cache(ctx: Any) -> Any:
@@ -543,6 +540,10 @@ def build_cache(ctx: Any) -> Any:
     from .persistence import setup as load_host_tier
 
     load_host_tier(cache, ctx, opts)  # --hybrid-cache-file: before any request (§5.5)
+    if opts.l3:
+        from .l3_tier import setup as setup_l3
+
+        setup_l3(cache, ctx, opts)  # --hybrid-l3 (issue #39)
     if cache.metrics is not None:
         cache.metrics.refresh(cache)  # the gauges from the start (a loaded file's snapshots)
     return cache

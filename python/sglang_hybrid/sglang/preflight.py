@@ -23,8 +23,9 @@ imported every hooked module. Now:
 Checks (each message names the flag and the fix): ``checks.check_server_args`` (what the cache
 cannot honour), contradictory flags (``--disable-radix-cache`` with ``--radix-cache hybrid``;
 a ``--hybrid-*`` cache flag without ``--radix-cache hybrid``), option values (``resolve_config``'s
-bounds, ``--hybrid-cache-file``), and ``--device cpu`` without ``--hybrid-cpu-worker`` where
-SGLang's own CPU engine cannot run (it then stops minutes later in "Found no NVIDIA driver").
+bounds, ``--hybrid-cache-file``, ``--hybrid-l3``'s URL), and ``--device cpu`` without
+``--hybrid-cpu-worker`` where SGLang's own CPU engine cannot run (it then stops minutes later in
+"Found no NVIDIA driver").
 """
 
 from __future__ import annotations
@@ -121,6 +122,26 @@ def check_namespace(args: Any, *, launch: bool = True) -> None:
     check_server_args(args)
     check_options(given)
     check_cache_file(given.cache_file, given.host_cache_mib)
+    check_l3(given)
+
+
+def check_l3(opts: Any) -> None:
+    """``--hybrid-l3``'s URL and its host tier, which the scheduler checks again after the model
+    loaded (``l3_tier.setup``)."""
+    if not opts.l3:
+        return
+    from ..store.l3.backend import L3ConfigError, parse_url
+
+    try:
+        parse_url(opts.l3)
+    except L3ConfigError as e:
+        raise ConfigError(str(e)) from None
+    if opts.host_cache_mib == 0:
+        raise ConfigError(
+            f"--hybrid-l3 needs the host tier its entries are restored into, which "
+            f"--hybrid-host-cache-mib 0 turns off: give the host tier a budget or drop "
+            f"--hybrid-l3 {opts.l3}"
+        )
 
 
 def check_options_unused(opts: Any) -> None:

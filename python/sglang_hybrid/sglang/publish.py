@@ -24,7 +24,6 @@ from ..index import (
     PromptKey,
     Snapshot,
     SnapshotKind,
-    TapSource,
 )
 from ..store.device import block_handles, handles_to_slots, slots_to_handle
 from .hints import pins_endpoint, tap_hints
@@ -79,14 +78,16 @@ class Publisher:
             return
         pkey = key.prefix(n) if key.n > n else key
         planner = cache.index.planner
-        dropped = planner.over_budget
+        dropped, declined = planner.over_budget, cache.index.split_rule.declined
         taps = cache.index.plan_taps(pkey, m, source, tap_hints(req, n), n=n)
         if planner.over_budget > dropped:
             self.skips.note("tap_over_budget", req.rid, count=planner.over_budget - dropped)
-        exact_tail = cache.options.tail_tap == "exact"
-        state.cuts = [
-            t.position for t in taps if t.exact or (exact_tail and t.source is TapSource.TAIL)
-        ]
+        if cache.index.split_rule.declined > declined:
+            count = cache.index.split_rule.declined - declined
+            self.skips.note("split_declined", req.rid, count=count)
+        # The split rule made the exact taps exact (the prompt tail too, with --hybrid-tail-tap
+        # exact) and moved those whose split does not pay to the grid (index/split_rule.py).
+        state.cuts = [t.position for t in taps if t.exact]
         state.flexible = [t.position for t in taps if t.position not in state.cuts]
         state.boundary = {t.position for t in taps if t.boundary}
         state.origin = {t.position: int(t.source) for t in taps}

@@ -11,6 +11,9 @@ Kinds:
 - ``tap_no_tail_page``: an exact tap inside a block found no KV page for its tail copy even after
   evicting cached blocks;
 - ``tap_over_budget``: a planned tap was dropped by ``--hybrid-taps-per-request``;
+- ``split_declined``: an exact tap the worker cannot capture inside the pass did not end it,
+  its modelled saving being below ``--hybrid-split-threshold`` times a pass's cost
+  (``index/split_rule.py``); it moved down to the grid or was dropped;
 - ``restore_abandoned``: a host restore found no device room or its copy failed (the request
   resumed from a device source or recomputed);
 - ``write_through_failed``: a host write copy failed (the blocks or the image stay device-only);
@@ -32,6 +35,7 @@ KINDS = (
     "tap_no_slot",
     "tap_no_tail_page",
     "tap_over_budget",
+    "split_declined",
     "restore_abandoned",
     "write_through_failed",
     "recomputed_held",

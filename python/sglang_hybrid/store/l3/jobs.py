@@ -1,0 +1,117 @@
+"""L3 work off the scheduler thread: a FIFO of jobs on one worker thread, with deadlines.
+
+As the host tier's copy queue (``store/copy_queue.py``) the scheduler thread only *submits* and
+*polls*: ``finished`` counts the jobs at the head that are done, or whose deadline passed (a
+store that stopped answering must not hold a request forever), and ``retire`` pops them with
+their results. A job past its deadline reads as failed: :attr:`Job.expired`; it may still be
+running on the worker, so before the scheduler hands back what the job writes into (host slabs)
+it cancels the job (:meth:`Job.cancel`), which waits for a write in progress and stops any later
+one (:meth:`Job.writing`). While such a job still runs the queue is ``stuck``: the caller submits
+nothing more until it ends.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import Any
+
+
+class Cancelled(Exception):
+    """The job was cancelled before it wrote its results."""
+
+
+class Job:
+    """One unit of L3 work; ``run(job)`` executes on the worker thread."""
+
+    def __init__(self, run: Callable[[Job], Any], deadline_s: float, tag: Any = None) -> None:
+        self.run = run
+        self.deadline = time.monotonic() + deadline_s
+        self.tag = tag  # the caller's record of what the job is for
+        self.future: Future[Any] | None = None
+        self.expired = False
+        self._lock = threading.Lock()
+        self._cancelled = False
+
+    @contextmanager
+    def writing(self) -> Iterator[None]:
+        """Around the job's writes into memory its caller owns: raises :class:`Cancelled` once
+        the caller cancelled, and ``cancel`` waits for a write under way."""
+        with self._lock:
+            if self._cancelled:
+                raise Cancelled()
+            yield
+
+    def cancel(self) -> None:
+        with self._lock:
+            self._cancelled = True
+
+    @property
+    def running(self) -> bool:
+        return self.future is not None and not self.future.done()
+
+    def result(self) -> Any:
+        """The job's return value, or the exception it raised (an expired job: TimeoutError)."""
+        if self.expired:
+            return TimeoutError("past its deadline")
+        assert self.future is not None and self.future.done()
+        exc = self.future.exception()
+        return exc if exc is not None else self.future.result()
+
+
+class JobQueue:
+    def __init__(self, name: str) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+        self.jobs: deque[Job] = deque()
+        self._abandoned: list[Job] = []  # expired and retired, still running
+
+    def submit(self, job: Job) -> Job:
+        job.future = self._pool.submit(job.run, job)
+        self.jobs.append(job)
+        return job
+
+    def __len__(self) -> int:
+        return len(self.jobs)
+
+    def finished(self, now: float | None = None) -> int:
+        """Jobs at the head that are done or past their deadline."""
+        now = time.monotonic() if now is None else now
+        k = 0
+        for job in self.jobs:
+            assert job.future is not None
+            if not job.future.done():
+                if now < job.deadline:
+                    time.sleep(0)  # hand the GIL to the worker (as ``ThreadQueue``)
+                    break
+                job.expired = True
+            k += 1
+        return k
+
+    def retire(self, k: int) -> list[Job]:
+        out = [self.jobs.popleft() for _ in range(k)]
+        self._abandoned += [j for j in out if j.expired and j.running]
+        return out
+
+    @property
+    def stuck(self) -> bool:
+        """An expired job still runs on the worker: anything submitted now would wait for it."""
+        self._abandoned = [j for j in self._abandoned if j.running]
+        return bool(self._abandoned)
+
+    def wait(self, timeout_s: float | None = None) -> None:
+        """Wait for every submitted job (shutdown, tests)."""
+        end = None if timeout_s is None else time.monotonic() + timeout_s
+        for job in list(self.jobs):
+            assert job.future is not None
+            left = None if end is None else max(0.0, end - time.monotonic())
+            try:
+                job.future.exception(timeout=left)
+            except TimeoutError:
+                return
+
+    def close(self, wait: bool = True) -> None:
+        self._pool.shutdown(wait=wait, cancel_futures=not wait)

@@ -1,0 +1,161 @@
+"""``--hybrid-l3 file://DIR`` on SGLang's real Scheduler (issue #39): one scheduler writes, a
+fresh one (another server, or the same restarted without a cache file) resumes from L3.
+
+The checking worker proves every pass's prefix KV and resumed state equal an uncached run's, so
+a resume from fetched bytes is exact or the pass fails. Planted objects (corrupt, truncated,
+foreign, misplaced) are refused, counted and recomputed.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+import xxhash
+
+from sglang_hybrid.index.keys import BLOCK_TOKENS
+from sglang_hybrid.index.l3_keys import chain_digests, snapshot_digest
+from sglang_hybrid.store.l3.objects import HEAD, HEADER_BYTES, SUM
+from sglang_hybrid.store.l3.objects import Kind as ObjKind
+
+OPTS = {"host_cache_mib": 16}
+
+
+def toks(seed: int, n: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(20, 1500) for _ in range(n)]
+
+
+def _build(build: Any, url: str) -> Any:
+    return build(total=4096, running=2, mamba=8, chunk=256, opts={**OPTS, "l3": url})
+
+
+def _written(h: Any) -> None:
+    """Every L3 write of ``h`` done (the write thread)."""
+    l3 = h.cache.l3
+    l3.writer.wait(timeout_s=30)
+    l3.poll()
+
+
+def _first_turn(build: Any, url: str) -> tuple[list[int], int]:
+    """Turn 1 on one scheduler; returns turn 2's prompt and turn 1's endpoint frontier."""
+    h = _build(build, url)
+    assert h.cache.l3 is not None
+    prompt = toks(1, 300)
+    out = h.run(prompt, max_new=40)
+    _written(h)
+    st = h.cache.l3.local_stats()
+    assert st["l3_put_objects"] > 0 and st["l3_put_failed"] == 0, st
+    end = len(prompt) + len(out.output_ids) - 1
+    return prompt + list(out.output_ids) + toks(2, 30), end
+
+
+def _plant(dirpath: Path, mutate: Any) -> list[Path]:
+    """Apply ``mutate(path, data) -> bytes | None`` to every snapshot object in ``dirpath``."""
+    done = []
+    for p in sorted(dirpath.glob("*-s-*.bin")):
+        new = mutate(p, p.read_bytes())
+        if new is not None:
+            p.write_bytes(new)
+            done.append(p)
+    assert done, list(dirpath.iterdir())
+    return done
+
+
+def test_a_conversation_continues_from_l3_on_a_fresh_scheduler(build, tmp_path: Path) -> None:
+    url = f"file://{tmp_path / 'l3'}"
+    turn2, end = _first_turn(build, url)
+    b = _build(build, url)  # another server, or this one restarted without a cache file
+    r = b.run(turn2, max_new=4)
+    st = b.cache.stats()
+    print(
+        "\nturn 2 on the fresh scheduler:",
+        r.cached_tokens,
+        {k: v for k, v in st.items() if k.startswith("l3_")},
+    )
+    assert st["l3_lookups"] == 1 and st["l3_fetches_landed"] == 1, st
+    assert st["l3_fetched_snapshots"] == 1 and st["l3_fetched_blocks"] == end // BLOCK_TOKENS
+    assert r.cached_tokens == end  # resumed at turn 1's endpoint, from L3 via the host tier
+    assert st["host_restored_bytes"] > 0
+    b.cache.index.check_integrity()
+
+
+@pytest.mark.parametrize(
+    "damage",
+    ["corrupt", "truncated", "foreign", "misplaced"],
+)
+def test_a_bad_object_is_refused_counted_and_recomputed(build, tmp_path: Path, damage: str) -> None:
+    d = tmp_path / "l3"
+    url = f"file://{d}"
+    turn2, _ = _first_turn(build, url)
+
+    def mutate(p: Path, data: bytes) -> bytes:
+        if damage == "corrupt":  # one flipped byte of the state image
+            i = HEADER_BYTES + 100
+            return data[:i] + bytes([data[i] ^ 0xFF]) + data[i + 1 :]
+        if damage == "truncated":
+            return data[: len(data) // 2]
+        # A well-formed object (header checksum right) of another fingerprint, or of another key.
+        head = bytearray(data[:HEADER_BYTES])
+        field = 16 if damage == "foreign" else 32  # fingerprint, digest (HEAD's layout)
+        head[field] ^= 0xFF
+        end = HEAD.size + 256
+        SUM.pack_into(head, end, xxhash.xxh3_64_intdigest(bytes(head[:end])))
+        return bytes(head) + data[HEADER_BYTES:]
+
+    _plant(d, mutate)
+    b = _build(build, url)
+    r = b.run(turn2, max_new=4)
+    st, local = b.cache.stats(), b.cache.l3.local_stats()
+    assert st["l3_lookup_hits"] == 1 and st["l3_fetch_failed"] == 1, st
+    assert st["l3_fetches_landed"] == 0
+    assert local.get(f"l3_refused_{damage}") == 1, local
+    assert r.cached_tokens == 0  # recomputed (the checking worker proved every pass)
+    assert b.cache.index.host.reserved == set()
+    b.cache.index.check_integrity()
+
+
+@pytest.mark.parametrize("phase", ["probe", "fetch"])
+def test_a_hit_on_one_tp_rank_only_is_a_miss_on_all(
+    build, tmp_path: Path, monkeypatch, phase
+) -> None:
+    """Another rank whose objects are missing (its probe found nothing) or whose fetch failed:
+    the agreed result (MIN over the group) is a miss, nothing is adopted, slabs go back."""
+    from sglang_hybrid.sglang.l3_tier import L3Tier
+
+    url = f"file://{tmp_path / 'l3'}"
+    turn2, _ = _first_turn(build, url)
+    b = _build(build, url)
+    real = L3Tier._agree_results
+
+    def other_rank_missed(self: L3Tier, values: list[int]) -> tuple[list[int], list[int]]:
+        lo, hi = real(self, values)
+        fetching = any(lk.fetched is not None for lk in self.lookups.values())
+        if (phase == "fetch") == fetching:
+            lo = [0] * len(lo)  # the other rank: no snapshot found / its fetch failed
+        return lo, hi
+
+    monkeypatch.setattr(L3Tier, "_agree_results", other_rank_missed)
+    r = b.run(turn2, max_new=4)
+    st = b.cache.stats()
+    assert st["l3_fetches_landed"] == 0 and r.cached_tokens == 0, st
+    assert st["l3_lookup_hits"] == (1 if phase == "fetch" else 0), st
+    assert st["l3_fetch_failed"] == (1 if phase == "fetch" else 0), st
+    assert b.cache.index.host.reserved == set()
+    assert not any(
+        n.restore_pins for n in b.cache.index.tree.subtree_postorder(b.cache.index.tree.root)
+    )
+    b.cache.index.check_integrity()
+
+
+def test_keys_are_what_a_reader_derives_from_the_prompt(tmp_path: Path) -> None:
+    """The snapshot key a server writes is the one ``l3_keys`` derives from the prompt alone."""
+    data = bytes(range(256)) * 3
+    d = chain_digests(data, 0, 3, None)
+    assert d == chain_digests(data, 0, 2, None) + chain_digests(data, 2, 3, None, d[1])
+    assert chain_digests(data, 0, 1, [7])[0] != d[0]  # the namespace joins the key
+    s1 = snapshot_digest(d[1], 2 * 64 + 3, data[512 : 512 + 12])
+    assert s1 != snapshot_digest(d[1], 2 * 64 + 3, data[512 : 512 + 8] + b"\0" * 4)
+    assert int(ObjKind.SNAPSHOT) == 2
