@@ -14,7 +14,6 @@ from pathlib import Path
 import torch
 from sched_args import scheduler_args
 
-from conftest import Harness
 from sglang_hybrid.index.node import Residency
 from sglang_hybrid.index.persist import (
     SOURCE_BLOCK,
@@ -36,10 +35,11 @@ def _ids(seed: int, n: int) -> list[int]:
 
 def test_device_slabs_equal_what_the_host_tier_writes(make_scheduler, qwen3_next_dir: Path) -> None:
     args = scheduler_args("hybrid", chunk=128, opts={"host_cache_mib": 16})
-    h = Harness(make_scheduler(qwen3_next_dir, worker="model", **args))
+    sched = make_scheduler(qwen3_next_dir, worker="model", **args)
     for seed in range(3):  # endpoints wherever they fall: snapshots with tails
-        h.run(_ids(seed, 150 + 70 * seed), max_new=1, kv_hints=checkpoint_envelope())
-    cache = h.cache
+        sched.submit(f"r{seed}", _ids(seed, 150 + 70 * seed), 1, kv_hints=checkpoint_envelope())
+        sched.run_until_idle()
+    cache = sched.tree_cache
     cache.host_tier.drain()
     index, memory, layout = cache.index, cache.host_tier.memory, cache.host_tier.layout
     both = [
