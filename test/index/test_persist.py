@@ -253,3 +253,49 @@ def test_adopt_refuses_records_that_cannot_form_an_index() -> None:
     bad = HostExport(rec.nodes, [*rec.snapshots, rec.snapshots[0]])  # a repeated snapshot
     with pytest.raises(AdoptError):
         new.adopt_host(bad, new.plan_adopt(bad))
+
+
+def _slabs(rec: HostExport) -> int:
+    return len(rec.nodes) + sum(len(r.image_slabs) + (r.tail_slab >= 0) for r in rec.snapshots)
+
+
+def test_a_save_takes_device_only_and_superseded_snapshots_within_the_budget() -> None:
+    """At an orderly stop (issue #38): snapshots whose image, tail or blocks live only on the
+    device, and superseded ones, are saved too, densest first (retained before superseded)
+    within the host tier's size; their slabs are named by a source to read from the device."""
+    from sglang_hybrid.index.persist import SOURCE_BLOCK, SOURCE_IMAGE, export_for_save
+
+    index = populated()
+    dev = Device()
+    # A third conversation on the preamble never written through: its blocks past the
+    # preamble, its tap and its endpoint are on the device only.
+    run(index, dev, ids(0, 256) + ids(5, 200), taps=[320], write=False)
+    host = index.host
+    assert host is not None
+    everything = export_for_save(index, host.n_slabs)
+    superseded = sum(1 for s in index.snapshots.values() if s.superseded)
+    assert superseded and everything.device_snapshots >= 2 and everything.left_out == 0
+    assert len(everything.records.snapshots) == len(index.snapshots)  # all complete here
+    assert len(everything.records.snapshots) > len(index.export_host().snapshots)
+    kinds = {src.what for src in everything.device.values()}
+    assert kinds >= {SOURCE_BLOCK, SOURCE_IMAGE}
+    assert min(everything.device) == host.n_slabs  # past every host slab id
+    used = {r.slab for r in everything.records.nodes} | {
+        x for r in everything.records.snapshots for x in (*r.image_slabs, r.tail_slab) if x >= 0
+    }
+    assert set(everything.device) <= used
+    # The records adopt like a host export (the bytes are the caller's to copy).
+    new = fresh_like(index)
+    got = new.adopt_host(everything.records, new.plan_adopt(everything.records))
+    new.check_integrity()
+    assert got.snapshots == len(everything.records.snapshots)
+    # A tier smaller than the content: bounded, densest first, retained before superseded.
+    budget = host.image_slabs * 3 + 10
+    small = export_for_save(index, budget)
+    assert 0 < len(small.records.snapshots) < len(everything.records.snapshots)
+    assert _slabs(small.records) <= budget and small.left_out > 0
+    # Retained before superseded: with room for one snapshot and its path, a retained one.
+    one = export_for_save(index, host.image_slabs + 1 + 8)
+    (r,) = one.records.snapshots
+    (s,) = [x for x in index.snapshots.values() if (x.frontier, x.tail) == (r.frontier, r.tail)]
+    assert not s.superseded

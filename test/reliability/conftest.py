@@ -163,6 +163,7 @@ class Harness:
         total = avail + tc.mamba_protected_size() + tc.mamba_evictable_size() + held
         assert total == pool.mamba_pool.size, (
             f"mamba identity: available {avail} + cache {tc.mamba_protected_size()} + "
+            f"{tc.mamba_evictable_size()} + "
             f"requests {held} = {total} != pool {pool.mamba_pool.size}"
         )
 

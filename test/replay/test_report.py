@@ -34,3 +34,19 @@ def test_report_files(tmp_path, agent_replays):
         assert f"{res.summary().prefill_tokens:,}" in row
     for png in (files.reuse_plot, files.ttft_plot):
         assert png.read_bytes()[:8] == PNG and png.stat().st_size > 5000
+
+
+def test_the_reuse_plot_reads_with_one_budget_or_several(agent_replays):
+    """One budget: a bar per cache with its value (issue #38: each cache was a dot on an axis
+    zoomed to 15.2-16.8); several: a line per cache. Every axis starts at 0."""
+    from sglang_hybrid.replay.report import reuse_figure
+
+    one = reuse_figure([SweepPoint(4.0, 0.0, agent_replays)])
+    for ax in one.axes:
+        assert len(ax.patches) == len(agent_replays)  # the bars
+        assert len(ax.texts) == len(agent_replays)  # their values
+        assert ax.get_ylim()[0] == 0
+        assert [t.get_text() for t in ax.get_xticklabels()] == list(agent_replays)
+    many = reuse_figure([SweepPoint(g, 0.0, agent_replays) for g in (4.0, 8.0)])
+    for ax in many.axes:
+        assert len(ax.lines) == len(agent_replays) and ax.get_ylim()[0] == 0

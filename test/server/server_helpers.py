@@ -31,15 +31,20 @@ def generate(
 
 
 def serve_hybrid(
-    models: dict[str, Path], tmp: pytest.TempPathFactory, name: str, *extra: str
+    models: dict[str, Path],
+    tmp: pytest.TempPathFactory,
+    name: str,
+    *extra: str,
+    host_cache_mib: int = 64,
 ) -> Iterator[CpuServer]:
-    """The tiny Qwen3-Next behind ``--radix-cache hybrid`` (chunk 128, 64 MiB host tier), with
-    ``extra`` flags; its log in a temp dir as ``name``.log. For fixtures: ``yield from``."""
+    """The tiny Qwen3-Next behind ``--radix-cache hybrid`` (chunk 128, a 64 MiB host tier unless
+    given), with ``extra`` flags; its log in a temp dir as ``name``.log. For fixtures:
+    ``yield from``."""
     cfg = ServerConfig(
         models["qwen3_next"],
         cache="hybrid",
         chunked_prefill_size=128,
-        host_cache_mib=64,
+        host_cache_mib=host_cache_mib,
         extra=list(extra),
     )
     with CpuServer(cfg, tmp.mktemp("server") / f"{name}.log", on_progress=print) as server:

@@ -34,9 +34,11 @@ def test_every_verdict_reuses_what_was_reported(hybrid_server: CpuServer) -> Non
 
 
 def test_the_client_raises_the_servers_reason(hybrid_server: CpuServer) -> None:
-    c = HybridClient(hybrid_server.url)
-    try:
-        c.boundaries(input_ids=[1, 2], cut=9)
-        raise AssertionError("a cut past the prompt was accepted")
-    except ClientError as e:
-        assert e.status == 400 and "cut must be a token position" in e.message
+    with HybridClient(hybrid_server.url) as c:
+        try:
+            c.boundaries(input_ids=[1, 2], cut=9)
+            raise AssertionError("a cut past the prompt was accepted")
+        except ClientError as e:
+            assert (e.status, e.param, e.code) == (400, "cut", "out_of_range"), e
+            assert "a cut is a token position in [0, 2]" in e.message and e.type
+        assert c.props()["n_ctx"] > 0  # the same client goes on after an error

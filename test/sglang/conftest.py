@@ -72,7 +72,8 @@ class Harness:
                 reqs[id(r)] = r  # a prefill batch joins the running batch at the next pass
         held = sum(1 for r in reqs.values() if r.kv.holds_mamba)
         tc = s.tree_cache
-        total = pool.mamba_allocator.available_size() + tc.mamba_protected_size() + held
+        cache = tc.mamba_evictable_size() + tc.mamba_protected_size()  # snapshot + staging slots
+        total = pool.mamba_allocator.available_size() + cache + held
         assert total == pool.mamba_pool.size, (total, pool.mamba_pool.size)
 
 

@@ -189,11 +189,30 @@ REFUSALS = [
 def test_bad_configurations_fail_at_startup_naming_the_flag(
     qwen3_next_dir: Path, extra: list[str], message: str
 ) -> None:
+    """Refused as the arguments are parsed (issue #38: before, at resolution, after the plugin's
+    imports); a record built in code (an ``Engine``) is refused when SGLang resolves it."""
     from sglang.srt.server_args import prepare_server_args
 
-    sa = prepare_server_args(hybrid_args(qwen3_next_dir, *extra))
+    with pytest.raises(ConfigError, match=message):
+        prepare_server_args(hybrid_args(qwen3_next_dir, *extra))
+    sa = prepare_server_args(hybrid_args(qwen3_next_dir))
+    bad = prepare_server_args(["--model-path", str(qwen3_next_dir), "--device", "cpu", *extra])
+    for f in _changed_fields(bad):  # the flag's fields, set on a record built without it
+        setattr(sa, f, getattr(bad, f))
     with pytest.raises(ConfigError, match=message):
         sa.resolve_once()
+
+
+def _changed_fields(sa: object) -> list[str]:
+    """Fields of ``sa`` that differ from a record parsed from the bare launch command."""
+    from sglang.srt.server_args import ServerArgs, prepare_server_args
+
+    base = prepare_server_args(["--model-path", str(sa.model_path), "--device", "cpu"])
+    return [
+        name
+        for name in ServerArgs.__struct_fields__
+        if name != "radix_cache_backend" and getattr(sa, name) != getattr(base, name)
+    ]
 
 
 def test_the_page_major_kv_environment_variable_is_refused(
@@ -202,9 +221,8 @@ def test_the_page_major_kv_environment_variable_is_refused(
     from sglang.srt.server_args import prepare_server_args
 
     monkeypatch.setenv("SGLANG_USE_HND_KVCACHE", "1")
-    sa = prepare_server_args(hybrid_args(qwen3_next_dir))
     with pytest.raises(ConfigError, match=r"SGLANG_USE_HND_KVCACHE=1: .*unset"):
-        sa.resolve_once()
+        prepare_server_args(hybrid_args(qwen3_next_dir))
 
 
 def test_fp8_kv_with_per_tensor_scales_is_accepted(qwen3_next_dir: Path) -> None:

@@ -18,11 +18,8 @@ Contract:
 - ``cpu_server_args(**overrides)`` returns the ServerArgs keyword arguments the CPU workers need
   (device, float32, torch-native attention, pytorch sampling, no overlap / CUDA graphs, no
   tokenizer in the scheduler, dummy weight loading, explicit pool sizes, a fixed seed), with
-  ``overrides`` applied last. The server CLI equivalents are ``--device cpu --dtype float32
-  --attention-backend torch_native --sampling-backend pytorch --disable-overlap-schedule
-  --disable-cuda-graph --load-format dummy --random-seed 0 --max-total-tokens N
-  --max-running-requests N --max-mamba-cache-size N`` plus ``--sleep-on-idle`` (else the idle
-  scheduler spins a core).
+  ``overrides`` applied last. A server takes the CPU launch line of ``docs/server.md`` ("The CPU
+  launch line", built by ``cpu.server.ServerConfig``), where overlap scheduling stays on.
 """
 
 from __future__ import annotations

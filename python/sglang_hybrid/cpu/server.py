@@ -86,7 +86,8 @@ class ServerConfig:
             "torch_native",
             "--sampling-backend",
             "pytorch",
-            "--disable-cuda-graph",
+            # No CUDA graph flag: SGLang disables them for torch_native attention itself, and
+            # --disable-cuda-graph is deprecated (issue #38: no deprecation warnings of ours).
             "--sleep-on-idle",
             "--random-seed",
             "0",

@@ -6,6 +6,13 @@ first. Dead KV, superseded snapshots, device-only content and copies still Filli
 (§5.5: a dead block can never produce a hit; a superseded snapshot is the first thing host
 eviction takes anyway).
 
+At an orderly stop the save takes more (:func:`export_for_save`, issue #38): device-only
+snapshots and blocks too, superseded snapshots after retained ones, densest first while the whole
+fits the host tier (the tier the restarted server loads it into): the state of a chat's system
+prompt often lives only on the device, or was superseded by the turn's later taps, and is what a
+restarted server's next conversation resumes from. Slabs without a host copy get ids past the
+pool's (:class:`SaveSource` says where their bytes are); the caller reads them from the device.
+
 Adopt rebuilds chosen records as host-only entries of an empty index. A host tier smaller than the
 file keeps whole snapshots, greedily by GDSF density without its time-dependent base (§5.5):
 ``(1 + hits) * prefill_seconds(0, F)`` per byte of image, tail and anchor path, each with the path
@@ -18,8 +25,9 @@ bytes move here; the caller copies each (record slab -> new pool slab) pair adop
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .durable import set_durable, why_not_pinnable
 from .keys import BLOCK_BYTES, BLOCK_TOKENS, TOKEN_BYTES
@@ -97,6 +105,19 @@ def _saved(s: Snapshot) -> bool:
 def export_host(index: PrefixIndex) -> HostExport:
     """Host-resident retained snapshots and their paths as records (parents first)."""
     snaps = sorted((s for s in index.snapshots.values() if _saved(s)), key=lambda s: s.id)
+    return _records(
+        snaps,
+        lambda n: n.host_slab,
+        lambda s: (tuple(s.host_slabs), s.tail_host_slab if s.tail else -1),
+    )
+
+
+def _records(
+    snaps: list[Snapshot],
+    node_slab: Callable[[BlockNode], int],
+    snapshot_slabs: Callable[[Snapshot], tuple[tuple[int, ...], int]],
+) -> HostExport:
+    """``snaps`` (in record order) and exactly their anchor paths as records, parents first."""
     needed: dict[int, BlockNode] = {}
     for s in snaps:
         node: BlockNode | None = s.anchor
@@ -111,27 +132,131 @@ def export_host(index: PrefixIndex) -> HostExport:
             lookup_hash=n.lookup_hash,
             extra=n.extra,
             tokens=n.tokens,
-            slab=n.host_slab,
+            slab=node_slab(n),
         )
         for n in order
     ]
-    records = [
-        SnapshotRecord(
-            anchor=-1 if s.anchor.is_root else at[s.anchor.id],
-            frontier=s.frontier,
-            tail=s.tail,
-            kind=int(s.kind),
-            hits=s.hits,
-            image_slabs=tuple(s.host_slabs),
-            tail_slab=s.tail_host_slab if s.tail else -1,
-            cost=s.cost,
-            size=s.size,
-            h=s.h,
-            durable=s.durable and not s.durable_expires,
+    records = []
+    for s in snaps:
+        image, tail = snapshot_slabs(s)
+        records.append(
+            SnapshotRecord(
+                anchor=-1 if s.anchor.is_root else at[s.anchor.id],
+                frontier=s.frontier,
+                tail=s.tail,
+                kind=int(s.kind),
+                hits=s.hits,
+                image_slabs=image,
+                tail_slab=tail,
+                cost=s.cost,
+                size=s.size,
+                h=s.h,
+                durable=s.durable and not s.durable_expires,
+            )
         )
-        for s in snaps
-    ]
     return HostExport(nodes, records)
+
+
+# ================================================================ save at a stop (issue #38)
+SOURCE_BLOCK, SOURCE_IMAGE, SOURCE_TAIL = 0, 1, 2
+
+
+class SaveSource(NamedTuple):
+    """Where a saved slab's bytes are when the host tier holds no copy of them."""
+
+    what: int  # SOURCE_BLOCK / SOURCE_IMAGE / SOURCE_TAIL
+    ref: Any  # the block's device handle / the snapshot's device slot / its tail's handle
+    part: int = 0  # SOURCE_IMAGE: which of the image's slabs
+    tokens: int = 0  # SOURCE_TAIL: the tail's length
+    snapshot: int = -1  # SOURCE_IMAGE: the snapshot's id (a reader keeps one image at a time)
+
+
+class SaveExport(NamedTuple):
+    records: HostExport  # slab ids below the pool's n_slabs: host slabs; at or above: ``device``
+    device: dict[int, SaveSource]
+    device_snapshots: int  # snapshots whose image or tail is read from the device
+    left_out: int  # complete snapshots the budget left out
+
+
+def _on_host(state: object) -> bool:
+    return state is R.RESIDENT
+
+
+def export_for_save(index: PrefixIndex, budget_slabs: int) -> SaveExport:
+    """Every snapshot whose image, tail and path are complete on the host or the device, chosen
+    as adopt chooses (a client's pins first, then retained before superseded, densest first, each
+    with the path blocks it needs) while they fit ``budget_slabs``; host copies are preferred."""
+    assert index.host is not None
+    complete = [s for s in index.snapshots.values() if _complete(s)]
+    paths = {s.id: _node_path(s) for s in complete}
+    tail_slabs = {s.id: 1 if s.tail else 0 for s in complete}
+    density = _density(index, {s.id: (s.hits, s.frontier, len(paths[s.id])) for s in complete})
+    order = sorted(complete, key=lambda s: (not s.durable, s.superseded, -density(s.id), s.id))
+    kept, _nodes, _used = _take(
+        [(s.id, index.host.image_slabs + tail_slabs[s.id], paths[s.id]) for s in order],
+        budget_slabs,
+    )
+    chosen = sorted((s for s in complete if s.id in kept), key=lambda s: s.id)
+    device: dict[int, SaveSource] = {}
+    next_id = [index.host.n_slabs]
+    image_slabs = index.host.image_slabs
+
+    def virtual(src: SaveSource) -> int:
+        i = next_id[0]
+        next_id[0] += 1
+        device[i] = src
+        return i
+
+    def node_slab(n: BlockNode) -> int:
+        if _on_host(n.host_state):
+            return n.host_slab
+        return virtual(SaveSource(SOURCE_BLOCK, n.device))
+
+    from_device: set[int] = set()
+
+    def snapshot_slabs(s: Snapshot) -> tuple[tuple[int, ...], int]:
+        if _on_host(s.host_state):
+            image = tuple(s.host_slabs)
+        else:
+            from_device.add(s.id)
+            image = tuple(
+                virtual(SaveSource(SOURCE_IMAGE, s.device_slot, k, snapshot=s.id))
+                for k in range(image_slabs)
+            )
+        tail = -1
+        if s.tail:
+            if _on_host(s.tail_host_state):
+                tail = s.tail_host_slab
+            else:
+                from_device.add(s.id)
+                tail = virtual(SaveSource(SOURCE_TAIL, s.tail_device, tokens=s.tail_len))
+        return image, tail
+
+    records = _records(chosen, node_slab, snapshot_slabs)
+    return SaveExport(records, device, len(from_device), len(complete) - len(chosen))
+
+
+def _complete(s: Snapshot) -> bool:
+    """Image, tail and every anchor-path block resident on the host or the device."""
+    if not (_on_host(s.host_state) or s.device_state is R.RESIDENT):
+        return False
+    if s.tail and not (_on_host(s.tail_host_state) or s.tail_device_state is R.RESIDENT):
+        return False
+    node: BlockNode | None = s.anchor
+    while node is not None and not node.is_root:
+        if not (_on_host(node.host_state) or node.device_state is R.RESIDENT):
+            return False
+        node = node.parent
+    return True
+
+
+def _node_path(s: Snapshot) -> list[int]:
+    out: list[int] = []
+    node: BlockNode | None = s.anchor
+    while node is not None and not node.is_root:
+        out.append(node.id)
+        node = node.parent
+    return out
 
 
 # ================================================================ choose (§5.5)
@@ -149,32 +274,45 @@ def plan_adopt(index: PrefixIndex, records: HostExport, free_slabs: int) -> Adop
     client's durable pins first (they are the highest retention there is, ``durable.py``)."""
     assert index.host is not None
     image = index.host.image_slabs
-    slab_bytes = index.slab_bytes
-    cost = index.valuer.cost
-    paths = [_path(records, r.anchor) for r in records.snapshots]
-
-    def density(i: int) -> float:
-        r = records.snapshots[i]
-        nbytes = index.image_bytes + (slab_bytes if r.tail else 0) + len(paths[i]) * slab_bytes
-        return (1 + r.hits) * cost.prefill_seconds(0, r.frontier) / nbytes
-
-    order = sorted(
-        range(len(records.snapshots)),
-        key=lambda i: (not records.snapshots[i].durable, -density(i), i),
+    snaps = records.snapshots
+    paths = [_path(records, r.anchor) for r in snaps]
+    density = _density(index, {i: (r.hits, r.frontier, len(paths[i])) for i, r in enumerate(snaps)})
+    order = sorted(range(len(snaps)), key=lambda i: (not snaps[i].durable, -density(i), i))
+    kept, taken_nodes, used = _take(
+        [(i, image + (1 if snaps[i].tail else 0), paths[i]) for i in order], free_slabs
     )
+    return AdoptPlan(sorted(kept), sorted(taken_nodes), used)
+
+
+def _density(index: PrefixIndex, of: dict[int, tuple[int, int, int]]) -> Callable[[int], float]:
+    """GDSF density without its time-dependent base (§5.5): ``(1 + hits) * prefill_seconds(0,
+    F)`` per byte of image, tail and path; ``of``: key -> (hits, frontier, path blocks)."""
+    slab_bytes, image_bytes, cost = index.slab_bytes, index.image_bytes, index.valuer.cost
+
+    def density(key: int) -> float:
+        hits, frontier, path_blocks = of[key]
+        tail = slab_bytes if frontier % BLOCK_TOKENS else 0
+        nbytes = image_bytes + tail + path_blocks * slab_bytes
+        return (1 + hits) * cost.prefill_seconds(0, frontier) / nbytes
+
+    return density
+
+
+def _take(order: list[tuple[int, int, list[int]]], budget: int) -> tuple[set[int], set[int], int]:
+    """Greedy, in ``order``: (key, own slabs, path block ids) while the slabs they add fit
+    ``budget`` (a path block shared with one already taken costs nothing again)."""
     taken_nodes: set[int] = set()
-    kept: list[int] = []
+    kept: set[int] = set()
     used = 0
-    for i in order:
-        r = records.snapshots[i]
-        new = [n for n in paths[i] if n not in taken_nodes]
-        need = image + (1 if r.tail else 0) + len(new)
-        if used + need > free_slabs:
+    for key, own, path in order:
+        new = [n for n in path if n not in taken_nodes]
+        need = own + len(new)
+        if used + need > budget:
             continue
         used += need
         taken_nodes.update(new)
-        kept.append(i)
-    return AdoptPlan(sorted(kept), sorted(taken_nodes), used)
+        kept.add(key)
+    return kept, taken_nodes, used
 
 
 # ================================================================ adopt

@@ -139,7 +139,8 @@ def chat_request(
     body: dict[str, Any] = {
         "model": model,
         "messages": messages,
-        "max_tokens": max_tokens,
+        # OpenAI's current name: SGLang warns that ``max_tokens`` is deprecated for chat.
+        "max_completion_tokens": max_tokens,
         "temperature": 0.0,
         "ignore_eos": True,  # SGLang extension: the tiny model's EOS must not cut turns short
         "rid": rid,

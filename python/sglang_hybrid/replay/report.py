@@ -12,7 +12,8 @@ Contract: ``write_report(sweep, out_dir, meta) -> ReportFiles`` writes
   ``cache_stats`` of ``report.json``); and, after an unrelated warm-up (``warmup.py``), how full
   it left each cache's pools (``warmup`` of ``report.json``);
 - ``reuse_vs_budget.png`` (prefill tokens computed and reuse fraction against the device budget,
-  one line per cache) and ``ttft_cdf.png`` (modelled TTFT CDFs, one panel per budget).
+  one line per cache; with one budget, a labelled bar per cache) and ``ttft_cdf.png`` (modelled
+  TTFT CDFs, one panel per budget).
 
 ``markdown(sweep, meta)`` returns the markdown text alone. Figures are drawn with
 ``matplotlib.figure.Figure`` (no pyplot state).
@@ -184,25 +185,53 @@ def _warmup_table(p: SweepPoint) -> list[str]:
 
 
 def _reuse_plot(sweep: list[SweepPoint], path: Path) -> None:
+    reuse_figure(sweep).savefig(path, dpi=110)
+
+
+def reuse_figure(sweep: list[SweepPoint]) -> Any:
+    """Prefill tokens computed and the share of prompt tokens reused, per cache: lines against
+    the device budget when the sweep has several, bars with their values for one (a line of one
+    point per cache was a dot on an axis zoomed to its own value, issue #38). Both axes start at
+    0, so a 2 % difference looks like one."""
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(10, 4))
     ax1, ax2 = fig.subplots(1, 2)
     caches = list(dict.fromkeys(c for p in sweep for c in p.results))
-    for cache in caches:
-        xs = [p.device_gib for p in sweep if cache in p.results]
-        sums = [p.results[cache].summary() for p in sweep if cache in p.results]
-        ax1.plot(xs, [s.prefill_tokens / 1e6 for s in sums], marker="o", label=cache)
-        ax2.plot(xs, [s.reuse_fraction * 100 for s in sums], marker="o", label=cache)
-    for ax, label in ((ax1, "prefill tokens computed (M)"), (ax2, "prompt tokens reused (%)")):
-        ax.set_xlabel("device budget (GiB, modelled geometry)")
-        ax.set_ylabel(label)
-        if len(sweep) > 1:
+    panels = (
+        (ax1, "prefill tokens computed (M)", lambda s: s.prefill_tokens / 1e6, "{:.3g}"),
+        (ax2, "prompt tokens reused (%)", lambda s: s.reuse_fraction * 100, "{:.1f}"),
+    )
+    for ax, label, value, fmt in panels:
+        if len(sweep) == 1:
+            p = sweep[0]
+            got = [(c, value(p.results[c].summary())) for c in caches if c in p.results]
+            bars = ax.bar(
+                range(len(got)), [v for _, v in got], color=[f"C{i}" for i in range(len(got))]
+            )
+            ax.bar_label(bars, labels=[fmt.format(v) for _, v in got], padding=2)
+            ax.set_xticks(range(len(got)), [c for c, _ in got])
+            top = max((v for _, v in got), default=0.0)
+            ax.set_ylim(0, top * 1.15 if top > 0 else 1.0)
+        else:
+            for cache in caches:
+                xs = [p.device_gib for p in sweep if cache in p.results]
+                ys = [value(p.results[cache].summary()) for p in sweep if cache in p.results]
+                ax.plot(xs, ys, marker="o", label=cache)
+            ax.set_xlabel("device budget (GiB, modelled geometry)")
             ax.set_xscale("log", base=2)
-        ax.grid(True, alpha=0.3)
-        ax.legend()
+            ax.set_ylim(bottom=0)
+            ax.legend()
+        if "%" in label:
+            ax.set_ylim(0, 105)  # room for a bar's label at 100 %
+        ax.set_ylabel(label)
+        ax.grid(True, axis="y", alpha=0.3)
+    if len(sweep) == 1:
+        p = sweep[0]
+        host = f" + {p.host_gib:g} GiB host" if p.host_gib else ""
+        fig.suptitle(f"device budget {p.device_gib:g} GiB{host} (modelled geometry)")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    return fig
 
 
 def _ttft_plot(sweep: list[SweepPoint], path: Path) -> None:

@@ -24,6 +24,7 @@ A bad body answers ``success=False`` with the reason; nothing here can stop the 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -31,6 +32,7 @@ import numpy as np
 
 from ..index import PromptKey, SnapshotKind, TapSource
 from ..index.durable import set_durable, why_not_pinnable
+from ..index.node import FastResidency
 from ..index.resume_points import ResumePoint, place_cut, resume_points
 from .ranks import dp_rank
 from .request import namespace_of, token_bytes
@@ -57,7 +59,23 @@ _ORIGIN = {
 
 
 class QueryError(ValueError):
-    """A request the cache cannot answer; its message goes back to the client."""
+    """A request the cache cannot answer; its message goes back to the client with ``status``
+    (400: the request is wrong, 404: nothing there, 409/503: the cache's state refuses it now),
+    a stable ``code`` and the field at fault (``param``), as ``api_errors.ApiError`` answers."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int = 400,
+        code: str = "invalid_request",
+        param: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status, self.code, self.param = status, code, param
+
+    def detail(self) -> dict[str, Any]:
+        return {"status": self.status, "code": self.code, "param": self.param}
 
 
 def around_dumper_control(orig: Any, scheduler: Any, recv_req: Any, *args: Any, **kw: Any) -> Any:
@@ -70,7 +88,9 @@ def around_dumper_control(orig: Any, scheduler: Any, recv_req: Any, *args: Any, 
     try:
         answer = handle(scheduler.tree_cache, method, dict(recv_req.body or {}))
     except QueryError as exc:
-        return DumperControlReqOutput(success=False, response=[], error=str(exc))
+        return DumperControlReqOutput(
+            success=False, response=[{"error": exc.detail()}], error=str(exc)
+        )
     except Exception as exc:  # a bug here must not take the scheduler down
         logger.exception("hybrid control request %s failed", method)
         return DumperControlReqOutput(success=False, response=[], error=f"internal error: {exc}")
@@ -84,7 +104,11 @@ def handle(cache: Any, method: str, body: dict[str, Any]) -> dict[str, Any]:
     from .cache import HybridRadixCache
 
     if not isinstance(cache, HybridRadixCache) or cache.disable:
-        raise QueryError("this server does not run --radix-cache hybrid with caching enabled")
+        raise QueryError(
+            "this server does not run --radix-cache hybrid with caching enabled",
+            status=404,
+            code="hybrid_cache_off",
+        )
     if method == BOUNDARIES:
         return boundaries(cache, body)
     if method == SLOTS:
@@ -100,12 +124,39 @@ def pin(cache: Any, body: dict[str, Any], *, durable: bool) -> dict[str, Any]:
     points = resume_points(cache.index.tree, _key(ids, body))
     at = [p for p in points if p.position == len(ids)]
     if not at:
-        raise QueryError(f"no checkpoint at {len(ids)}, the end of this prompt")
+        raise QueryError(
+            f"no checkpoint at {len(ids)}, the end of this prompt", status=404, code="no_checkpoint"
+        )
     s = at[-1].snapshot
+    if not durable and not s.durable:
+        raise QueryError(
+            f"the checkpoint at {len(ids)} is not durable: nothing to release",
+            status=404,
+            code="not_durable",
+        )
     if durable and (why := why_not_pinnable(cache.index, s)) is not None:
-        raise QueryError(f"not made durable: {why}")
+        raise QueryError(f"not made durable: {why}", **_pin_refusal(cache, s))
     set_durable(cache.index, s, durable, expires=bool(body.get("expires")))
     return _point(at[-1])
+
+
+def _pin_refusal(cache: Any, s: Any) -> dict[str, Any]:
+    """Why a pin is refused, as a status: no host tier (400: the request cannot succeed on this
+    server), its copies still landing (503 ``not_ready``: the route retries), over the pinned
+    share (409: release pins first)."""
+    if cache.index.host is None:
+        return {"status": 400, "code": "no_host_tier", "param": "durable"}
+    if not s.host_backed or any(
+        n.host_state is not FastResidency.RESIDENT for n in _path(s.anchor)
+    ):
+        return {"status": 503, "code": "not_ready"}
+    return {"status": 409, "code": "pin_limit"}
+
+
+def _path(node: Any) -> Iterator[Any]:
+    while node is not None and not node.is_root:
+        yield node
+        node = node.parent
 
 
 def slots(cache: Any, body: dict[str, Any]) -> dict[str, Any]:
@@ -116,7 +167,12 @@ def slots(cache: Any, body: dict[str, Any]) -> dict[str, Any]:
     if rid is not None:
         key = cache.recent.get(str(rid))
         if key is None:
-            raise QueryError(f"no recent sequence of request {rid!r}")
+            raise QueryError(
+                f"no recent sequence of request {rid!r}",
+                status=404,
+                code="no_such_request",
+                param="rid",
+            )
         chosen = [(str(rid), key)]
     else:
         chosen = cache.recent.newest(limit)

@@ -22,7 +22,8 @@ The index decides; SGLang's pools hold the bytes. How SGLang's calls map onto th
   ``load_back`` (``load_back.py``); the host tier's copies themselves are ``host_tier``
   (``host_tier.py``). SGLang's method names stay on this class and delegate to them.
 - Snapshot slots are D extra ``MambaPool`` slots this cache holds from construction; SGLang sees
-  them in ``mamba_protected_size`` so its idle identity holds.
+  them in ``mamba_evictable_size`` (cache, not load: its usage gauges, issue #38), so its idle
+  identity holds.
 """
 
 from __future__ import annotations
@@ -293,11 +294,15 @@ class HybridRadixCache(BasePrefixCache):
         return self.index.protected_tokens
 
     def mamba_evictable_size(self) -> int:
-        return 0  # snapshot slots are held for good; eviction reuses them, never returns them
+        # The snapshot slots are cache, not load (issue #38): SGLang's mamba_usage and
+        # token_usage count pool slots neither free nor evictable as used by requests. They are
+        # held for good (eviction reuses them, never returns them to the allocator), which
+        # SGLang's admission reads only with the unified pool, refused (checks.py).
+        return len(self._slot_ids)
 
     def mamba_protected_size(self) -> int:
-        # The snapshot slots, and the staging slots of asynchronous restores.
-        return len(self._slot_ids) + self.load_back.staged_slots()
+        # The staging slots of asynchronous restores: states of requests about to run.
+        return self.load_back.staged_slots()
 
     def total_size(self) -> tuple[int, int]:
         return self.index.device_tokens, len(self._slot_ids)

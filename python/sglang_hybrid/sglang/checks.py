@@ -5,10 +5,11 @@ Four moments:
 - :func:`choices_for_unset`: where the operator did not choose, the plugin chooses what the cache
   needs (the ``no_buffer`` mamba strategy) before SGLang resolves its arguments, so
   ``--radix-cache hybrid`` alone starts;
-- :func:`check_server_args`: explicit flags in the launching process before SGLang resolves its
-  arguments (the raw record is exactly what the operator asked for, and a bad flag fails with our
-  message before SGLang's own, which does not know the fix), and what resolution derived right
-  after it (before any process is spawned);
+- :func:`check_server_args` (and :func:`check_contradictions` on what was typed): explicit flags
+  when the command line is parsed (``preflight.py``: before anything is loaded), again in the
+  launching process before SGLang resolves its arguments (the raw record is exactly what the
+  operator asked for, and a bad flag fails with our message before SGLang's own, which does not
+  know the fix), and what resolution derived right after it (before any process is spawned);
 - :func:`check_hooks_applied`: every hook the plugin registered is live (launcher and scheduler);
 - :func:`check_pools` / :func:`check_kv_pool`: when the scheduler builds the cache and the pools
   exist.
@@ -162,6 +163,16 @@ def check_server_args(view: Any) -> None:
         )
     if (_get(view, "pp_size") or 1) > 1:
         raise ConfigError("--pp-size > 1: not supported with --radix-cache hybrid")
+
+
+def check_contradictions(raw: Any) -> None:
+    """Flags that contradict ``--radix-cache hybrid`` as typed (the raw record or the parsed
+    namespace; resolution may derive them for its own reasons, and then says so itself)."""
+    if _get(raw, "disable_radix_cache"):
+        raise ConfigError(
+            "--disable-radix-cache turns off the prefix cache --radix-cache hybrid selects: drop "
+            "--disable-radix-cache to cache, or --radix-cache hybrid to run uncached"
+        )
 
 
 def check_pools(

@@ -13,11 +13,18 @@ concurrency and chunk size (:func:`resolve`).
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any, Literal
 
-from ..index import CacheConfig, CostModel, resolve_config
-from ..index.config import FLAG_HOST, FLAG_LADDER, FLAG_MIN_GAP, FLAG_SLOTS, FLAG_TAPS
+from ..index import CacheConfig, ConfigError, CostModel, resolve_config
+from ..index.config import (
+    DEFAULT_HOST_CACHE_MIB,
+    FLAG_HOST,
+    FLAG_LADDER,
+    FLAG_MIN_GAP,
+    FLAG_SLOTS,
+    FLAG_TAPS,
+)
 from ..store.copy_queue import CopyMode
 
 BACKEND = "hybrid"
@@ -286,3 +293,51 @@ def _resolve(opts: HybridOptions, *, concurrency: int, chunk_tokens: int) -> Cac
         tap_ladder_tokens=opts.tap_ladder,
         tap_min_gap_tokens=opts.tap_min_gap,
     )
+
+
+# ---------------------------------------------------------------- checks at the command line
+def flag_of(field_name: str) -> str:
+    """A :class:`HybridOptions` field's flag (``host_cache_mib``: --hybrid-host-cache-mib)."""
+    return "--hybrid-" + field_name.replace("_", "-")
+
+
+NOT_FLAGS = frozenset({"split_cost"})  # HybridOptions fields no flag sets
+
+
+def explicit_flags(opts: HybridOptions) -> list[str]:
+    """The cache flags whose values differ from their defaults (as the operator would type them)."""
+    default = HybridOptions()
+    out = []
+    for f in fields(HybridOptions):
+        if f.name in NOT_FLAGS:
+            continue
+        value = getattr(opts, f.name)
+        if value != getattr(default, f.name):
+            flag = flag_of(f.name)
+            out.append(flag.replace("--", "--no-", 1) if value is False else flag)
+    return out
+
+
+def check_options(opts: HybridOptions) -> None:
+    """The option values alone, before anything is loaded: the bounds ``resolve_config`` keeps
+    (the concurrency and chunk it also needs are placeholders here) and a host budget beyond
+    this machine's memory (its allocation would fail after the model loaded). The cache file's
+    place is ``persistence.check_cache_file``'s."""
+    _resolve(opts, concurrency=1, chunk_tokens=1)
+    mib = DEFAULT_HOST_CACHE_MIB if opts.host_cache_mib is None else opts.host_cache_mib
+    total = _physical_memory()
+    if total and mib << 20 > total:
+        default = " (its default)" if opts.host_cache_mib is None else ""
+        raise ConfigError(
+            f"{FLAG_HOST} {mib}{default}: this machine has {total >> 20} MiB of memory; give "
+            f"the host tier less (0 turns it off)"
+        )
+
+
+def _physical_memory() -> int:
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().total)
+    except Exception:  # an exotic platform: no bound
+        return 0

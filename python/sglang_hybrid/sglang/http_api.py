@@ -6,24 +6,43 @@
   whose endpoint is published wherever it falls), then report it; ``durable: true`` (optionally
   with ``ttl_s``) keeps it in the host tier until ``DELETE /hybrid/checkpoint`` or the TTL;
 - ``GET /props`` and ``GET /slots``: llama.cpp's discovery endpoints, in its shape, with what
-  applies (``docs/boundary-api.md`` lists the fields served and not served).
+  applies (``docs/compaction.md`` lists the fields served and not served).
 
 A prompt is given as ``input_ids``, ``text`` (tokenized as ``/generate`` tokenizes it) or chat
 ``messages`` (rendered with the served chat template, as ``/v1/chat/completions`` renders them).
-Bad input answers 400 with the reason; a server not running ``--radix-cache hybrid`` answers 404
-on the ``/hybrid`` routes. The routes are added once, in the launching process, right before
-SGLang's ``launch_server`` starts the HTTP server (a BEFORE hook); ``--tokenizer-worker-num`` above
-1 re-imports the app in worker processes without plugins, so the routes need one tokenizer worker.
+Requests are validated by the models of ``api_models.py`` (unknown fields refused, strict types,
+bounded numbers, the vocabulary and context checks of ``/generate``); every answer other than
+200 has OpenAI's error shape (``api_errors.py``): 400 for a client's mistake naming the field,
+404 when there is nothing there (no slot, no checkpoint, no durable pin to release, or the
+``/hybrid`` routes on a server not running ``--radix-cache hybrid``), 405 for another method on
+one of these paths, 409 / 503 when the cache's state refuses a pin now, 500 (never echoing the
+exception) for a bug. The routes are added once, in the launching process, right before SGLang's
+``launch_server`` starts the HTTP server (a BEFORE hook); ``--tokenizer-worker-num`` above 1
+re-imports the app in worker processes without plugins, so the routes need one tokenizer worker.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from starlette.requests import Request
 
-from .boundaries import BOUNDARIES, DEFAULT_SNAP_TOLERANCE, PIN, SLOTS, UNPIN, _is_int
+from .api_errors import ApiError, bad_request, error_response, internal_error, json_response
+from .api_models import (
+    BoundariesRequest,
+    CheckpointRequest,
+    EmptyQuery,
+    PromptRequest,
+    ReleaseRequest,
+    SlotsQuery,
+    check_cut,
+    check_prompt,
+    parse,
+    read_json,
+)
+from .boundaries import BOUNDARIES, PIN, SLOTS, UNPIN
 
 logger = logging.getLogger(__name__)
 
@@ -32,10 +51,9 @@ PIN_RETRY_S = 0.05
 TTL_TASKS = "_sglang_hybrid_ttl_tasks"  # on the tokenizer manager: TTL releases not run yet
 
 ROUTES_ATTR = "_sglang_hybrid_routes"
+METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
 
-
-class BadRequest(ValueError):
-    """The client's mistake: answered 400 with this message."""
+Answer = Callable[[Any, dict[str, Any]], Awaitable[Any]]
 
 
 def before_launch_server(server_args: Any, *args: Any, **kwargs: Any) -> None:
@@ -49,11 +67,30 @@ def install(app: Any) -> None:
     if getattr(app.state, ROUTES_ATTR, False):
         return
     setattr(app.state, ROUTES_ATTR, True)
-    app.add_api_route("/hybrid/boundaries", boundaries_route, methods=["POST"])
-    app.add_api_route("/hybrid/checkpoint", checkpoint_route, methods=["POST"])
-    app.add_api_route("/hybrid/checkpoint", release_route, methods=["DELETE"])
-    app.add_api_route("/props", props_route, methods=["GET"])
-    app.add_api_route("/slots", slots_route, methods=["GET"])
+    routes: dict[str, dict[str, Callable[[Request], Awaitable[Any]]]] = {
+        "/hybrid/boundaries": {"POST": boundaries_route},
+        "/hybrid/checkpoint": {"POST": checkpoint_route, "DELETE": release_route},
+        "/props": {"GET": props_route},
+        "/slots": {"GET": slots_route},
+    }
+    for path, by_method in routes.items():
+        for method, endpoint in by_method.items():
+            app.add_api_route(path, endpoint, methods=[method])
+        # Any other method answers 405 in our shape (FastAPI's own would be {"detail": ...}).
+        others = [m for m in METHODS if m not in by_method]
+        app.add_api_route(path, _method_not_allowed(sorted(by_method)), methods=others)
+
+
+def _method_not_allowed(allowed: list[str]) -> Callable[[Request], Awaitable[Any]]:
+    async def refuse(request: Request) -> Any:
+        err = ApiError(
+            405,
+            f"{request.method} {request.url.path}: this route answers {' and '.join(allowed)}",
+            code="method_not_allowed",
+        )
+        return error_response(err, headers={"Allow": ", ".join(allowed)})
+
+    return refuse
 
 
 def after_build_server_info(result: Any, server_args: Any, *args: Any, **kwargs: Any) -> None:
@@ -74,73 +111,71 @@ def after_build_server_info(result: Any, server_args: Any, *args: Any, **kwargs:
 # ---------------------------------------------------------------- routes
 async def boundaries_route(request: Request) -> Any:
     async def answer(tm: Any, body: dict[str, Any]) -> dict[str, Any]:
-        ids = await _prompt_ids(request, tm, body)
-        query = _query(body, ids)
-        return await _ask(tm, BOUNDARIES, query)
+        req = parse(BoundariesRequest, body)
+        ids = await _prompt_ids(request, tm, req)
+        check_cut(req, len(ids))
+        return await _ask(tm, BOUNDARIES, _query(req, ids))
 
     return await _serve(request, answer)
 
 
 async def checkpoint_route(request: Request) -> Any:
     async def answer(tm: Any, body: dict[str, Any]) -> dict[str, Any]:
-        durable = body.get("durable", False)
-        ttl = body.get("ttl_s")
-        if not isinstance(durable, bool):
-            raise BadRequest("durable must be true or false")
-        if ttl is not None and (not durable or not _is_number(ttl) or ttl <= 0):
-            raise BadRequest("ttl_s must be a positive number of seconds, with durable: true")
-        ids = await _prompt_ids(request, tm, body)
-        query = _query(body, ids)
-        if query.get("cut") is not None:
-            raise BadRequest("/hybrid/checkpoint pins the prefix's end: drop cut")
+        req = parse(CheckpointRequest, body)
+        ids = await _prompt_ids(request, tm, req)
+        query = _query(req, ids)
         before = await _ask(tm, BOUNDARIES, query)
         have = [c for c in before["checkpoints"] if c["position"] == len(ids)]
         computed = 0
         if not have:
-            computed = await _compute_endpoint(tm, ids, body)
+            computed = await _compute_endpoint(tm, ids, req)
             after = await _ask(tm, BOUNDARIES, query)
             have = [c for c in after["checkpoints"] if c["position"] == len(ids)]
             if not have:
-                raise RuntimeError(
-                    "the prefix was computed but no state was kept at its end (no snapshot slot "
-                    "was free); try again"
+                raise ApiError(
+                    503,
+                    "the prefix was computed but no state was kept at its end (no snapshot "
+                    "slot was free); try again",
+                    code="no_snapshot_slot",
                 )
         point = have[0]
-        if durable:
+        if req.durable:
             # A pin with a TTL is released by this process's timer: not kept across a restart.
-            point = await _make_durable(tm, {**query, "expires": ttl is not None})
-            if ttl is not None:
-                _release_later(tm, query, float(ttl))
+            point = await _make_durable(tm, {**query, "expires": req.ttl_s is not None})
+            if req.ttl_s is not None:
+                _release_later(tm, query, req.ttl_s)
         return {
             "checkpoint": point,
             "computed_tokens": computed,
             "prompt_tokens": len(ids),
-            "ttl_s": ttl,
+            "ttl_s": req.ttl_s,
         }
 
     return await _serve(request, answer)
 
 
 async def release_route(request: Request) -> Any:
-    """``DELETE /hybrid/checkpoint``: a durable checkpoint goes back to normal retention."""
+    """``DELETE /hybrid/checkpoint``: a durable checkpoint goes back to normal retention (404
+    when the prompt's end holds no checkpoint, or one that is not durable)."""
 
     async def answer(tm: Any, body: dict[str, Any]) -> dict[str, Any]:
-        ids = await _prompt_ids(request, tm, body)
-        return {"checkpoint": await _ask(tm, UNPIN, _query(body, ids))}
+        req = parse(ReleaseRequest, body)
+        ids = await _prompt_ids(request, tm, req)
+        return {"checkpoint": await _ask(tm, UNPIN, _query(req, ids))}
 
     return await _serve(request, answer)
 
 
 async def _make_durable(tm: Any, query: dict[str, Any]) -> dict[str, Any]:
     """Pin the checkpoint at the prefix's end; its host copy may still be landing (the cache
-    writes it through at release, off the scheduler thread), so "not ... yet" is retried."""
+    writes it through at release, off the scheduler thread), so ``not_ready`` is retried."""
     import asyncio
 
     for _ in range(PIN_TRIES - 1):
         try:
             return await _ask(tm, PIN, query)
-        except BadRequest as exc:
-            if "yet" not in str(exc):
+        except ApiError as exc:
+            if exc.code != "not_ready":
                 raise
         await asyncio.sleep(PIN_RETRY_S)
     return await _ask(tm, PIN, query)
@@ -166,90 +201,95 @@ def _release_later(tm: Any, query: dict[str, Any], ttl_s: float) -> None:
 
 
 async def props_route(request: Request) -> Any:
-    from fastapi.responses import ORJSONResponse
+    async def answer(tm: Any, body: dict[str, Any]) -> dict[str, Any]:
+        sa = tm.server_args
+        hybrid = _serves_hybrid(tm)
+        n_ctx = int(getattr(tm, "context_len", 0) or 0)
+        return {
+            "model_path": sa.model_path,
+            "model_alias": getattr(sa, "served_model_name", None) or sa.model_path,
+            "n_ctx": n_ctx,
+            "total_slots": int(getattr(sa, "max_running_requests", 0) or 0),
+            "default_generation_settings": {"n_ctx": n_ctx},
+            "chat_template": _chat_template(tm),
+            "build_info": _build_info(),
+            "modalities": {"vision": bool(getattr(tm.model_config, "is_multimodal", False))},
+            # Not llama.cpp's: what the checkpoints are. Full-state: a checkpoint holds every
+            # layer's state at its position (recurrent states and the KV before it), so a prompt
+            # reaching it resumes there exactly; llama.cpp's hybrid checkpoints carry partial
+            # state only.
+            "checkpoints": {
+                "served": hybrid,
+                "full_state": hybrid,
+                "partial_state_only": False,
+                "query": "/hybrid/boundaries" if hybrid else None,
+                "pin": "/hybrid/checkpoint" if hybrid else None,
+                "grid_tokens": 64,
+            },
+        }
 
-    tm = _tokenizer_manager()
-    sa = tm.server_args
-    hybrid = _serves_hybrid(tm)
-    n_ctx = int(getattr(tm, "context_len", 0) or 0)
-    out: dict[str, Any] = {
-        "model_path": sa.model_path,
-        "model_alias": getattr(sa, "served_model_name", None) or sa.model_path,
-        "n_ctx": n_ctx,
-        "total_slots": int(getattr(sa, "max_running_requests", 0) or 0),
-        "default_generation_settings": {"n_ctx": n_ctx},
-        "chat_template": _chat_template(tm),
-        "build_info": _build_info(),
-        "modalities": {"vision": bool(getattr(tm.model_config, "is_multimodal", False))},
-        # Not llama.cpp's: what the checkpoints are. Full-state: a checkpoint holds every layer's
-        # state at its position (recurrent states and the KV before it), so a prompt reaching it
-        # resumes there exactly; llama.cpp's hybrid checkpoints carry partial state only.
-        "checkpoints": {
-            "served": hybrid,
-            "full_state": hybrid,
-            "partial_state_only": False,
-            "query": "/hybrid/boundaries" if hybrid else None,
-            "pin": "/hybrid/checkpoint" if hybrid else None,
-            "grid_tokens": 64,
-        },
-    }
-    return ORJSONResponse(out)
+    return await _serve(request, answer, body=False, hybrid_only=False)
 
 
 async def slots_route(request: Request) -> Any:
     """llama.cpp's ``GET /slots``: here a slot is one of the sequences the server finished most
-    recently (most recent first), with the checkpoints on its path; ``?id_slot=N`` selects one and
-    ``?rid=...`` the one of a request id."""
+    recently (most recent first), with the checkpoints on its path; ``?id_slot=N`` selects one
+    (404 when there is no such slot) and ``?rid=...`` the one of a request id (404 when unknown).
+    """
 
     async def answer(tm: Any, body: dict[str, Any]) -> Any:
-        q = request.query_params
+        q = parse(SlotsQuery, dict(request.query_params))
         query: dict[str, Any] = {"limit": int(getattr(tm.server_args, "max_running_requests", 0))}
-        if q.get("rid"):
-            query["rid"] = q["rid"]
+        if q.rid is not None:
+            query["rid"] = q.rid
         slots = (await _ask(tm, SLOTS, query))["slots"]
         n_ctx = int(getattr(tm, "context_len", 0) or 0)
         for s in slots:
             s.update(n_ctx=n_ctx, is_processing=False, speculative=False)
-        if q.get("id_slot") is not None:
-            try:
-                i = int(q["id_slot"])
-            except ValueError as exc:
-                raise BadRequest(f"id_slot must be an integer, got {q['id_slot']!r}") from exc
-            if not 0 <= i < len(slots):
-                raise LookupError(f"no slot {i}: the server holds {len(slots)} recent sequences")
+        if q.id_slot is not None:
+            i = int(q.id_slot)
+            if i >= len(slots):
+                raise ApiError(
+                    404,
+                    f"no slot {i}: the server holds {len(slots)} recent sequences "
+                    f"(id_slot 0 to {len(slots) - 1})",
+                    code="no_such_slot",
+                    param="id_slot",
+                )
             return slots[i]
         return slots
 
-    return await _serve(request, answer, body_required=False)
+    return await _serve(request, answer, body=False, query=False)
 
 
 # ---------------------------------------------------------------- plumbing
-async def _serve(request: Any, answer: Any, *, body_required: bool = True) -> Any:
-    from fastapi.responses import ORJSONResponse
-
-    tm = _tokenizer_manager()
-    if not _serves_hybrid(tm):
-        return ORJSONResponse(
-            status_code=404,
-            content={"error": "this server does not run --radix-cache hybrid"},
-        )
+async def _serve(
+    request: Request,
+    answer: Answer,
+    *,
+    body: bool = True,
+    query: bool = True,
+    hybrid_only: bool = True,
+) -> Any:
+    """Run ``answer`` and shape what it returns or raises (see the module docstring).
+    ``query``: the route takes no query parameters (any is refused as an unknown field)."""
     try:
-        body: dict[str, Any] = {}
-        if body_required:
-            try:
-                body = await request.json()
-            except ValueError as exc:
-                raise BadRequest(f"the body is not JSON: {exc}") from exc
-            if not isinstance(body, dict):
-                raise BadRequest("the body must be a JSON object")
-        return ORJSONResponse(await answer(tm, body))
-    except BadRequest as exc:
-        return ORJSONResponse(status_code=400, content={"error": str(exc)})
-    except LookupError as exc:
-        return ORJSONResponse(status_code=404, content={"error": str(exc)})
-    except Exception as exc:
-        logger.exception("%s failed", request.url.path)
-        return ORJSONResponse(status_code=500, content={"error": f"internal error: {exc}"})
+        tm = _tokenizer_manager()
+        if hybrid_only and not _serves_hybrid(tm):
+            raise ApiError(
+                404,
+                f"{request.url.path}: this server does not run --radix-cache hybrid",
+                code="hybrid_cache_off",
+            )
+        if query:
+            parse(EmptyQuery, dict(request.query_params))
+        data = read_json(await request.body()) if body else {}
+        return json_response(await answer(tm, data))
+    except ApiError as exc:
+        return error_response(exc)
+    except Exception:
+        logger.exception("%s %s failed", request.method, request.url.path)
+        return error_response(internal_error())
 
 
 def _tokenizer_manager() -> Any:
@@ -269,11 +309,19 @@ async def _ask(tm: Any, method: str, body: dict[str, Any]) -> dict[str, Any]:
     from sglang.srt.managers.io_struct import DumperControlReqInput
 
     outs = await tm.dumper_control(DumperControlReqInput(method=method, body=body))
-    failed = [o.error for o in outs if not o.success]
+    failed = [o for o in outs if not o.success]
     if failed:
-        if any(e.startswith("internal error") for e in failed):
-            raise RuntimeError(failed[0])
-        raise BadRequest(failed[0])
+        o = failed[0]
+        detail = (o.response[0] if o.response else {}).get("error")
+        if not isinstance(detail, dict):  # "internal error: ...", logged by the scheduler
+            logger.error("%s failed in the scheduler: %s", method, o.error)
+            raise internal_error()
+        raise ApiError(
+            int(detail.get("status", 400)),
+            o.error,
+            code=str(detail.get("code", "invalid_request")),
+            param=detail.get("param"),
+        )
     answers = [o.response[0] for o in outs if o.response]
     if not answers:
         raise RuntimeError(f"no scheduler answered {method}")
@@ -285,70 +333,73 @@ async def _ask(tm: Any, method: str, body: dict[str, Any]) -> dict[str, Any]:
     return {**best, "dp_ranks": answers}
 
 
-def _query(body: dict[str, Any], ids: list[int]) -> dict[str, Any]:
-    q: dict[str, Any] = {"input_ids": ids}
-    cut = body.get("cut")
-    if cut is not None:
-        if not _is_int(cut) or not 0 <= cut <= len(ids):
-            raise BadRequest(f"cut must be a token position in [0, {len(ids)}], got {cut!r}")
-        q["cut"] = cut
-    tol = body.get("snap_tolerance", DEFAULT_SNAP_TOLERANCE)
-    if not _is_int(tol) or tol < 0:
-        raise BadRequest(f"snap_tolerance must be a non-negative integer, got {tol!r}")
-    q["snap_tolerance"] = tol
-    for name in ("extra_key", "cache_salt"):
-        if body.get(name) is not None:
-            if not isinstance(body[name], str):
-                raise BadRequest(f"{name} must be a string")
-            q[name] = body[name]
+def _query(req: PromptRequest, ids: list[int]) -> dict[str, Any]:
+    q: dict[str, Any] = {"input_ids": ids, **req.namespace()}
+    if isinstance(req, BoundariesRequest):
+        q["snap_tolerance"] = req.snap_tolerance
+        if req.cut is not None:
+            q["cut"] = req.cut
     return q
 
 
-async def _prompt_ids(request: Any, tm: Any, body: dict[str, Any]) -> list[int]:
-    given = [k for k in ("input_ids", "text", "messages") if body.get(k) is not None]
-    if len(given) != 1:
-        raise BadRequest("give the prompt as exactly one of input_ids, text or messages")
-    if given[0] == "input_ids":
-        ids = body["input_ids"]
-        if not isinstance(ids, list) or not ids:
-            raise BadRequest("input_ids must be a non-empty list of token ids")
-        for i, t in enumerate(ids):
-            if not _is_int(t) or not 0 <= t < 1 << 31:
-                raise BadRequest(f"input_ids[{i}] is {t!r}, not a token id")
-        return ids
-    if tm.tokenizer is None:
-        raise BadRequest(
-            f"the server has no tokenizer (--skip-tokenizer-init): send input_ids, not {given[0]}"
+async def _prompt_ids(request: Request, tm: Any, req: PromptRequest) -> list[int]:
+    """The prompt's token ids, checked as ``/generate`` checks them (``check_prompt``)."""
+    field = req.prompt_field
+    if req.input_ids is not None:
+        ids = list(req.input_ids)
+    elif tm.tokenizer is None:
+        raise bad_request(
+            f"the server has no tokenizer (--skip-tokenizer-init): send input_ids, not {field}",
+            code="no_tokenizer",
+            param=field,
         )
-    if given[0] == "text":
-        if not isinstance(body["text"], str) or not body["text"]:
-            raise BadRequest("text must be a non-empty string")
-        return list(tm.tokenizer.encode(body["text"]))
-    return _render_messages(request, body)
+    elif req.text is not None:
+        ids = list(tm.tokenizer.encode(req.text))
+    else:
+        ids = _render_messages(request, req)
+    check_prompt(
+        ids,
+        field,
+        vocab_size=int(getattr(tm.model_config, "vocab_size", 0) or 0),
+        context_len=int(getattr(tm, "context_len", 0) or 0),
+    )
+    return ids
 
 
-def _render_messages(request: Any, body: dict[str, Any]) -> list[int]:
+def _render_messages(request: Request, req: PromptRequest) -> list[int]:
     from pydantic import ValidationError
     from sglang.srt.entrypoints.openai.protocol import TokenizeRequest
 
-    if not isinstance(body["messages"], list) or not body["messages"]:
-        raise BadRequest("messages must be a non-empty list of chat messages")
-    fields: dict[str, Any] = {"messages": body["messages"]}
+    fields: dict[str, Any] = {"messages": req.messages}
     for name in ("tools", "chat_template_kwargs", "add_generation_prompt"):
-        if body.get(name) is not None:
-            fields[name] = body[name]
+        if getattr(req, name) is not None:
+            fields[name] = getattr(req, name)
     try:
-        req = TokenizeRequest(**fields)
+        tokenize = TokenizeRequest(**fields)
         serving = request.app.state.openai_serving_tokenize
-        ids = serving._tokenize_chat_request(req)
-    except (ValidationError, ValueError) as exc:
-        raise BadRequest(f"messages could not be rendered: {exc}") from exc
-    if not ids:
-        raise BadRequest("the messages render to no tokens")
+        ids = serving._tokenize_chat_request(tokenize)
+    except (ValidationError, ValueError, TypeError, KeyError) as exc:
+        raise bad_request(
+            f"messages could not be rendered with the served chat template: {_first_line(exc)}",
+            code="invalid_messages",
+            param="messages",
+        ) from None
     return list(ids)
 
 
-async def _compute_endpoint(tm: Any, ids: list[int], body: dict[str, Any]) -> int:
+def _first_line(exc: BaseException) -> str:
+    """An exception's message without a traceback or pydantic's URL lines."""
+    from pydantic import ValidationError
+
+    if isinstance(exc, ValidationError):
+        errs = exc.errors(include_url=False)
+        return "; ".join(
+            f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg')}" for e in errs[:3]
+        )
+    return str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+
+
+async def _compute_endpoint(tm: Any, ids: list[int], req: PromptRequest) -> int:
     """Run the prefix as a one-token request that asks for its endpoint wherever it falls."""
     from sglang.srt.managers.io_struct import GenerateReqInput
 
@@ -358,13 +409,25 @@ async def _compute_endpoint(tm: Any, ids: list[int], body: dict[str, Any]) -> in
         input_ids=ids,
         sampling_params={"max_new_tokens": 1, "temperature": 0.0},
         kv_hints=checkpoint_envelope(),
-        extra_key=body.get("extra_key"),
-        cache_salt=body.get("cache_salt"),
+        extra_key=req.extra_key,
+        cache_salt=req.cache_salt,
     )
     last: Any = None
-    async for chunk in tm.generate_request(obj, None):
-        last = chunk
+    try:
+        async for chunk in tm.generate_request(obj, None):
+            last = chunk
+    except ValueError as exc:  # SGLang's own validation of a generation request
+        raise bad_request(_first_line(exc), code="invalid_prompt", param=req.prompt_field) from None
     meta = last.get("meta_info", {}) if isinstance(last, dict) else {}
+    finish = meta.get("finish_reason")
+    if isinstance(finish, dict) and finish.get("type") == "abort":
+        # The server refused the prefix (the CPU worker's admission, say): the client's request.
+        raise ApiError(
+            int(finish.get("status_code") or 400),
+            f"the server refused to compute the prefix: {finish.get('message', 'aborted')}",
+            code="prompt_refused",
+            param=req.prompt_field,
+        )
     return int(meta.get("prompt_tokens", len(ids))) - int(meta.get("cached_tokens", 0))
 
 
@@ -384,7 +447,3 @@ def _build_info() -> str:
             return "unknown"
 
     return f"sglang {version('sglang')} + sglang-hybrid {version('sglang-hybrid')}"
-
-
-def _is_number(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)

@@ -2,58 +2,186 @@
 
 SGLang's own radix-cache collector (``BasePrefixCache.init_metrics_collector``, made by the cache
 when metrics are on) gets what it defines: tokens and time of every eviction, tokens restored from
-the host (pool ``kv``) and written through (``backup``). The cache's own series, prefixed
-``sglang_hybrid:`` and labelled with the same rank labels (every rank runs its own cache):
+the host (pool ``kv``) and written through (``backup``). The cache's own series are prefixed
+``sglang_hybrid:`` and carry the same rank labels (every rank runs its own cache). Every series
+measures one quantity, its unit in its name; every label value that can occur is exported from
+the start, at 0, so a dashboard shows 0 rather than "No data" (issue #38). The table
+(:data:`SERIES`) is also what ``docs/compaction.md`` ("Metrics") lists and what the dashboard in
+``dashboards/`` queries (``test_metrics.py`` checks both against a running server).
 
-=========================================  ===============================================
-``prompt_tokens_total{source}``            ``reused_device``, ``reused_host``, ``computed``
-``host_bytes_total{direction}``            ``written``, ``restored``
-``snapshots{kind,tier}``                   gauge: ``tap`` / ``boundary`` / ``endpoint`` on
-                                           the ``device`` (image resident) or ``host`` only
-``taps_skipped_total{reason}``             ``no_slot``, ``no_tail_page``, ``over_budget``
-``evictions_total{reason}``                ``device_backed``, ``device_unbacked`` (blocks),
-                                           ``dead_kv``, ``superseded``, ``gdsf`` (host)
-``coalesce_total{event}``                  ``holds`` (requests held), ``waiters``
-``host_tier_bytes{state}``                 gauge: ``used``, ``capacity``
-=========================================  ===============================================
+Prompt tokens and short resumes are counted when a request's first pass has run (its hit is final
+then); the mirrored counters advance by the change of the index's cumulative counters at each
+request's release; the gauges are set at each release, the snapshot census (a walk over the
+snapshots) at each release while they are few, else every ``CENSUS`` releases.
+``prometheus_client`` is imported here, inside the scheduler process, after SGLang has set its
+multiprocess directory.
 
-Prompt tokens are counted when a request's first pass has run (its hit is final then); the other
-counters mirror the index's cumulative counters and advance by their change at each request's
-release; the snapshot census (a walk over the snapshots) at each release while they are few, else
-every ``CENSUS`` releases. ``prometheus_client`` is imported here, inside the scheduler process,
-after SGLang has set its multiprocess directory.
+**Short resumes** (``short_resumes_total`` / ``short_resume_tokens_total``, by ``reason``): a
+request whose KV blocks matched deeper than the state it resumed from prefills the difference
+again (a recurrent state cannot be rebuilt from KV). Why (:func:`short_resume_reason`):
+
+- ``no_state``: no valid state lies on the matched path past the resume point, and none was seen
+  there (the prompt left an earlier one where no snapshot was taken: a new branch);
+- ``evicted``: none lies there now, but one was (its anchor block held a snapshot at a census;
+  a snapshot published and evicted between two censuses counts as ``no_state``);
+- ``restore_declined``: a deeper state is on the host, and restoring it cost more than the
+  prefill it saves (spec §6.2);
+- ``restore_failed``: an earlier restore of this request failed, so it resumed without one;
+- ``in_flight``: copies still landing on the path hid the deeper states;
+- ``no_state_slot``: a deeper state is on the device, but the request found no state slot to
+  resume into.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
+
+from ..index import BLOCK_TOKENS
+from .kinds import KINDS, kind_name
 
 # The snapshot census walks every snapshot: at each release while there are at most CENSUS_SMALL
 # of them (~100 us), else every CENSUS releases.
 CENSUS = 64
 CENSUS_SMALL = 1024
+# Lookup hashes of blocks that anchored a snapshot at a census (``evicted`` vs ``no_state``).
+ANCHORS_SEEN = 1 << 16
+SHORT_REASONS = (
+    "no_state",
+    "evicted",
+    "restore_declined",
+    "restore_failed",
+    "in_flight",
+    "no_state_slot",
+)
+TIERS = ("device", "host")
 
-# (our counter, label, the cache.stats() fields it sums)
-_MIRRORED: list[tuple[str, str, tuple[str, ...]]] = [
-    ("taps_skipped", "no_slot", ("tap_no_slot", "skipped_no_slot")),
-    ("taps_skipped", "no_tail_page", ("tap_no_tail_page",)),
-    ("taps_skipped", "over_budget", ("tap_over_budget",)),
-    ("evictions", "device_backed", ("device_evicted_backed",)),
-    ("evictions", "device_unbacked", ("device_evicted_unbacked",)),
-    ("evictions", "dead_kv", ("host_dead_swept",)),
-    ("evictions", "superseded", ("host_superseded_evicted",)),
-    ("evictions", "gdsf", ("host_gdsf_evicted",)),
-    ("coalesce", "holds", ("coalesce_holds",)),
-    ("coalesce", "waiters", ("coalesce_waiters",)),
-    ("host_bytes", "written", ("host_written_bytes",)),
-    ("host_bytes", "restored", ("host_restored_bytes",)),
-]
-_LABEL = {
-    "taps_skipped": "reason",
-    "evictions": "reason",
-    "coalesce": "event",
-    "host_bytes": "direction",
-}
+
+@dataclass(frozen=True, slots=True)
+class Series:
+    name: str  # without the ``sglang_hybrid:`` prefix
+    type: str  # counter / gauge
+    help: str
+    labels: tuple[str, ...] = ()
+    values: tuple[tuple[str, ...], ...] = ((),)  # every label combination that can occur
+
+
+PREFIX = "sglang_hybrid:"
+SERIES: tuple[Series, ...] = (
+    Series(
+        "prompt_tokens_total",
+        "counter",
+        "Prompt tokens of admitted requests, by where they came from: reused from a device or a "
+        "host-tier state and KV, or computed by prefill",
+        ("source",),
+        (("reused_device",), ("reused_host",), ("computed",)),
+    ),
+    Series(
+        "short_resumes_total",
+        "counter",
+        "Admitted requests that resumed from a state short of their matched KV blocks, by why "
+        "(no_state, evicted, restore_declined, restore_failed, in_flight, no_state_slot)",
+        ("reason",),
+        tuple((r,) for r in SHORT_REASONS),
+    ),
+    Series(
+        "short_resume_tokens_total",
+        "counter",
+        "Prompt tokens whose KV blocks matched but were prefilled again because the request "
+        "resumed from a shallower state, by why",
+        ("reason",),
+        tuple((r,) for r in SHORT_REASONS),
+    ),
+    Series(
+        "snapshots",
+        "gauge",
+        "State snapshots held, by kind (why it exists, as /hybrid/boundaries names it) and tier "
+        "(device: its state image is on the device; host: on the host only)",
+        ("kind", "tier"),
+        tuple((k, t) for k in KINDS for t in TIERS),
+    ),
+    Series(
+        "device_snapshot_slots_used",
+        "gauge",
+        "Device snapshot slots (MambaPool slots the cache holds states in) holding a snapshot",
+    ),
+    Series(
+        "device_snapshot_slots_capacity",
+        "gauge",
+        "Device snapshot slots reserved by the cache (cache capacity, not request load)",
+    ),
+    Series(
+        "host_tier_used_bytes",
+        "gauge",
+        "Host-tier bytes holding KV blocks and state images",
+    ),
+    Series(
+        "host_tier_capacity_bytes",
+        "gauge",
+        "Host-tier bytes reserved (--hybrid-host-cache-mib, in whole slabs)",
+    ),
+    Series(
+        "host_tier_written_bytes_total",
+        "counter",
+        "Bytes written through from the device to the host tier (KV blocks, state images, tails)",
+    ),
+    Series(
+        "host_tier_restored_bytes_total",
+        "counter",
+        "Bytes restored from the host tier to the device for requests resuming from host states",
+    ),
+    Series(
+        "skipped_taps_total",
+        "counter",
+        "Planned state snapshots (taps) not taken, by why: no device snapshot slot worth taking "
+        "(no_slot), no KV page for an exact tap's tail (no_tail_page), past "
+        "--hybrid-taps-per-request (over_budget)",
+        ("reason",),
+        (("no_slot",), ("no_tail_page",), ("over_budget",)),
+    ),
+    Series(
+        "evicted_blocks_total",
+        "counter",
+        "KV block copies evicted (a snapshot's tail counts as one): from the device with a host "
+        "copy kept (backed) or as the last copy (unbacked, with what lies below it), and from "
+        "the host as dead KV no snapshot resumes through (dead_kv)",
+        ("tier", "reason"),
+        (("device", "backed"), ("device", "unbacked"), ("host", "dead_kv")),
+    ),
+    Series(
+        "evicted_snapshots_total",
+        "counter",
+        "State snapshots evicted from the host tier: superseded ones first, then by GDSF value",
+        ("tier", "reason"),
+        (("host", "superseded"), ("host", "gdsf")),
+    ),
+    Series(
+        "coalesced_requests_total",
+        "counter",
+        "Requests held back to wait for an earlier request's state on a shared new prefix "
+        "(in-flight prefix coalescing), each counted once",
+    ),
+    Series(
+        "coalesce_held_passes_total",
+        "counter",
+        "Scheduler passes a coalescing request spent held, summed over requests",
+    ),
+)
+# (series, label values, the cache.stats() fields whose sum it mirrors)
+_MIRRORED: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
+    ("skipped_taps_total", ("no_slot",), ("tap_no_slot", "skipped_no_slot")),
+    ("skipped_taps_total", ("no_tail_page",), ("tap_no_tail_page",)),
+    ("skipped_taps_total", ("over_budget",), ("tap_over_budget",)),
+    ("evicted_blocks_total", ("device", "backed"), ("device_evicted_backed",)),
+    ("evicted_blocks_total", ("device", "unbacked"), ("device_evicted_unbacked",)),
+    ("evicted_blocks_total", ("host", "dead_kv"), ("host_dead_swept",)),
+    ("evicted_snapshots_total", ("host", "superseded"), ("host_superseded_evicted",)),
+    ("evicted_snapshots_total", ("host", "gdsf"), ("host_gdsf_evicted",)),
+    ("coalesced_requests_total", (), ("coalesce_waiters",)),
+    ("coalesce_held_passes_total", (), ("coalesce_holds",)),
+    ("host_tier_written_bytes_total", (), ("host_written_bytes",)),
+    ("host_tier_restored_bytes_total", (), ("host_restored_bytes",)),
+)
 
 
 def with_dp_rank(labels: dict[str, Any]) -> dict[str, Any]:
@@ -68,50 +196,93 @@ def with_dp_rank(labels: dict[str, Any]) -> dict[str, Any]:
     return {**labels, "dp_rank": rank}
 
 
+def _served_model_name() -> str:
+    try:
+        from sglang.srt.runtime_context import get_serving
+
+        return str(get_serving().served_model_name)
+    except Exception:  # no runtime context (a cache built outside SGLang's scheduler)
+        return ""
+
+
+def short_resume_reason(handle: Any, state: Any, anchors_seen: Any = ()) -> tuple[str, int] | None:
+    """(why, tokens) when a request resumed short of its matched KV blocks, else None (see the
+    module docstring). O(1) unless short; then O(blocks between the resume point and the match).
+    ``handle``: its ``MatchHandle``; ``state``: its ``ReqState``."""
+    m = handle.match
+    if m is None:
+        return None
+    resumed = handle.prefix_len
+    short = m.kv_tokens - resumed
+    if short <= 0:
+        return None
+    best = m.best
+    if best is not None and best.frontier > resumed:
+        if state is not None and state.no_host:
+            return "restore_failed", short
+        if best.complete_on_device:
+            return "no_state_slot", short
+        return "restore_declined", short
+    if m.settled_blocks < len(m.path):
+        return "in_flight", short
+    path = m.path
+    for j in range(max(1, resumed // BLOCK_TOKENS), len(path) + 1):
+        if path[j - 1].lookup_hash in anchors_seen:
+            return "evicted", short
+    return "no_state", short
+
+
 class CacheMetrics:
     """The cache's series for one scheduler rank (see the module docstring)."""
 
     def __init__(self, labels: dict[str, Any]) -> None:
         from prometheus_client import Counter, Gauge
 
+        # SGLang's cache collector labels ranks only; its scheduler's series also carry
+        # ``model_name``, which dashboards select by: ours carry it too.
+        labels = {"model_name": _served_model_name(), **labels}
         self.labels = {k: str(v) for k, v in labels.items()}
         names = list(self.labels)
-        self.prompt_tokens = Counter(
-            "sglang_hybrid:prompt_tokens_total",
-            "Prompt tokens of admitted requests: reused from the device or the host, or computed",
-            names + ["source"],
-        )
-        self.counters = {
-            name: Counter(
-                f"sglang_hybrid:{name}_total",
-                f"The hybrid cache's {name.replace('_', ' ')} by {_LABEL[name]}",
-                names + [_LABEL[name]],
-            )
-            for name in _LABEL
-        }
-        self.snapshots = Gauge(
-            "sglang_hybrid:snapshots",
-            "Snapshots held, by kind and by where the image is",
-            names + ["kind", "tier"],
-            multiprocess_mode="mostrecent",
-        )
-        self.host_tier = Gauge(
-            "sglang_hybrid:host_tier_bytes",
-            "Host tier slab bytes in use and in all",
-            names + ["state"],
-            multiprocess_mode="mostrecent",
-        )
-        self._seen: dict[tuple[str, str], int] = {}
+        self.series: dict[str, Any] = {}
+        self._label_names = {s.name: s.labels for s in SERIES}
+        for s in SERIES:
+            metric: Counter | Gauge
+            if s.type == "counter":
+                metric = Counter(PREFIX + s.name, s.help, names + list(s.labels))
+            else:
+                metric = Gauge(
+                    PREFIX + s.name,
+                    s.help,
+                    names + list(s.labels),
+                    multiprocess_mode="mostrecent",
+                )
+            self.series[s.name] = metric
+            for values in s.values:  # every known label value, exported at 0 from the start
+                self.child(s.name, *values)
+        self._seen: dict[tuple[str, tuple[str, ...]], int] = {}
         self._releases = 0
+        # Insertion-ordered, bounded: the oldest entries go first.
+        self.anchors_seen: dict[int, None] = {}
 
-    def count_prompt(self, reused_device: int, reused_host: int, computed: int) -> None:
+    def child(self, name: str, *values: str) -> Any:
+        extra = dict(zip(self._label_names[name], values, strict=True))
+        return self.series[name].labels(**self.labels, **extra)
+
+    def on_admitted(self, handle: Any, state: Any) -> None:
+        """A request's first pass has run: its prompt tokens by source, and a short resume."""
+        host = min(state.restored_tokens, handle.prefix_len)
         for source, n in (
-            ("reused_device", reused_device),
-            ("reused_host", reused_host),
-            ("computed", computed),
+            ("reused_device", handle.prefix_len - host),
+            ("reused_host", host),
+            ("computed", max(0, state.n_prompt - handle.prefix_len)),
         ):
             if n > 0:
-                self.prompt_tokens.labels(**self.labels, source=source).inc(n)
+                self.child("prompt_tokens_total", source).inc(n)
+        short = short_resume_reason(handle, state, self.anchors_seen)
+        if short is not None:
+            reason, tokens = short
+            self.child("short_resumes_total", reason).inc()
+            self.child("short_resume_tokens_total", reason).inc(tokens)
 
     def on_release(self, cache: Any) -> None:
         self._releases += 1
@@ -120,26 +291,34 @@ class CacheMetrics:
 
     def refresh(self, cache: Any, *, census: bool = True) -> None:
         stats = cache.stats()
-        for name, label, fields in _MIRRORED:
+        for name, values, fields in _MIRRORED:
             total = sum(int(stats.get(f, 0)) for f in fields)
-            delta = total - self._seen.get((name, label), 0)
+            delta = total - self._seen.get((name, values), 0)
             if delta > 0:
-                self.counters[name].labels(**self.labels, **{_LABEL[name]: label}).inc(delta)
-            self._seen[(name, label)] = total
+                self.child(name, *values).inc(delta)
+            self._seen[(name, values)] = total  # a reset (flush) restarts the index's counters
+        slots = cache.index.slots
+        self.child("device_snapshot_slots_capacity").set(slots.n)
+        self.child("device_snapshot_slots_used").set(slots.n - slots.free)
         host = cache.index.host
         if host is not None:
             slab = cache.slab_bytes
-            self.host_tier.labels(**self.labels, state="used").set(host.used * slab)
-            self.host_tier.labels(**self.labels, state="capacity").set(host.n_slabs * slab)
+            self.child("host_tier_used_bytes").set(host.used * slab)
+            self.child("host_tier_capacity_bytes").set(host.n_slabs * slab)
         if census:
             self._census(cache)
 
     def _census(self, cache: Any) -> None:
-        counts: dict[tuple[str, str], int] = {
-            (k, t): 0 for k in ("tap", "boundary", "endpoint") for t in ("device", "host")
-        }
+        counts = dict.fromkeys(((k, t) for k in KINDS for t in TIERS), 0)
+        seen = self.anchors_seen
         for s in cache.index.snapshots.values():
             tier = "device" if s.image_on_device else "host"
-            counts[(s.kind.name.lower(), tier)] += 1
+            counts[(kind_name(s), tier)] += 1
+            if not s.anchor.is_root:
+                h = s.anchor.lookup_hash
+                seen.pop(h, None)
+                seen[h] = None
+        while len(seen) > ANCHORS_SEEN:
+            del seen[next(iter(seen))]
         for (kind, tier), n in counts.items():
-            self.snapshots.labels(**self.labels, kind=kind, tier=tier).set(n)
+            self.child("snapshots", kind, tier).set(n)

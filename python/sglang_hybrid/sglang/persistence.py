@@ -9,7 +9,11 @@
   (each rank has its own file, ``PATH.tp<rank>``, since each holds its own KV heads).
 - **Save**, in the scheduler's orderly exit: SGLang calls ``tree_cache.release_host_resources``
   after the event loop ends gracefully (a ``ShutdownReq``, or the stop handlers below), which
-  drains the write-through and writes ``PATH.tmp``, fsync, rename (``store/cache_file.py``).
+  drains the write-through and writes ``PATH.tmp``, fsync, rename (``store/cache_file.py``):
+  what the host tier holds and what lives only on the device (superseded snapshots too), up to
+  the host tier's size, densest first (``index.persist.export_for_save``, issue #38); slabs
+  without a host copy are read from the device through the host tier's copier
+  (:class:`DeviceSlabs`), so they are byte for byte what a write-through would have stored.
   A scheduler that ended on an error saves nothing, so the previous file stays.
 - **Stop signals**, installed in each scheduler when its event loop starts: the first SIGTERM or
   SIGINT ends the loop at its next iteration (the save follows); SIGUSR1 does the same and is
@@ -44,12 +48,12 @@ import logging
 import signal
 import time
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import xxhash
 
 from ..index import BLOCK_TOKENS, ConfigError
-from ..index.persist import AdoptError
+from ..index.persist import SOURCE_IMAGE, SOURCE_TAIL, AdoptError, SaveSource, export_for_save
 from ..store.cache_file import (
     CacheFileError,
     Geometry,
@@ -314,25 +318,41 @@ class Persistence:
             logger.warning("host tier save abandoned before it began; %s stays", self.path)
             return False
         index, memory = cache.index, cache.host_tier.memory
-        records = index.export_host()
+        # What the host tier holds and what lives only on the device, as much as the host tier
+        # holds (the restarted server loads it there), densest first (issue #38).
+        saved = export_for_save(index, index.host.n_slabs)
+        records = saved.records
         slabs = len(records.nodes) + sum(
             len(r.image_slabs) + (1 if r.tail else 0) for r in records.snapshots
         )
         logger.info(
-            "saving host tier to %s: %d snapshots, %d blocks, %.1f MiB (a second Ctrl+C "
-            "abandons the save and keeps the previous file)",
+            "saving host tier to %s: %d snapshots (%d from the device), %d blocks, %.1f MiB%s "
+            "(a second Ctrl+C abandons the save and keeps the previous file)",
             self.path,
             len(records.snapshots),
+            saved.device_snapshots,
             len(records.nodes),
             slabs * self.geometry.slab_bytes / MiB,
+            f"; {saved.left_out} snapshots left out (the host tier's size)"
+            if saved.left_out
+            else "",
         )
+        reader = DeviceSlabs(cache, saved.device) if saved.device else None
+        host_slabs = index.host.n_slabs
+
+        def read_slab(i: int) -> memoryview:
+            if i < host_slabs:
+                return memoryview(memory.slab(i).numpy())
+            assert reader is not None
+            return reader.read(i)
+
         try:
             w = write_cache_file(
                 self.path,
                 fingerprint=self.fingerprint,
                 geometry=self.geometry,
                 records=records,
-                read_slab=lambda i: memoryview(memory.slab(i).numpy()),
+                read_slab=read_slab,
                 control=self.control,
             )
         except SaveAbandoned:
@@ -346,6 +366,64 @@ class Persistence:
             "host tier saved to %s: %.1f MiB in %.2f s", self.path, w.nbytes / MiB, w.seconds
         )
         return True
+
+
+class DeviceSlabs:
+    """A save's slabs that have no host copy, read from the device into one scratch slab set,
+    laid out exactly as the host tier lays them out (the same ``SlabCopier``, so a restarted
+    server restores them like any host slab). An image is copied once for its slabs (the file
+    reads them in order); the save runs after the event loop ended, so nothing moves them."""
+
+    def __init__(self, cache: Any, sources: dict[int, SaveSource]) -> None:
+        from ..index.host_slabs import HostSlabPool
+        from ..store.host_memory import HostMemory
+        from ..store.transfer import SlabCopier
+
+        tier = cache.host_tier
+        layout = tier.layout
+        self.image_slabs = int(cache.index.host.image_slabs)
+        pool = HostSlabPool(
+            (self.image_slabs + 1) * layout.slab_bytes, layout.slab_bytes, layout.image_bytes
+        )
+        self.memory = HostMemory(pool, pin=False)
+        self.copier = SlabCopier(
+            layout, self.memory, tier.pools.kv_buffers, tier.copier.state, staging="never"
+        )
+        self.sources = sources
+        self.slot_id = cache.slot_id
+        self.device = tier.pools.device
+        self._image: int | None = None  # the snapshot whose image the scratch slabs hold
+
+    def read(self, i: int) -> memoryview:
+        import torch
+
+        from ..store.device import handle_to_slots
+        from ..store.transfer import BlockCopy
+
+        src = self.sources[i]
+        spare = self.image_slabs  # blocks and tails: the slab after the image's
+        if src.what == SOURCE_IMAGE:
+            if self._image != src.snapshot:
+                self.copier.image(
+                    self.slot_id(cast(int, src.ref)), list(range(self.image_slabs)), to_host=True
+                )
+                self._sync()
+                self._image = src.snapshot
+            return self.memory.slab(src.part).numpy().data
+        slab = self.memory.slab(spare)
+        slab.zero_()
+        slots = handle_to_slots(src.ref, "cpu")
+        if src.what == SOURCE_TAIL:
+            slots = slots[: src.tokens]
+        self.copier.blocks([BlockCopy(slots.to(torch.int64), spare)], to_host=True)
+        self._sync()
+        return slab.numpy().data
+
+    def _sync(self) -> None:
+        import torch
+
+        if torch.device(self.device).type == "cuda":  # unverified on a GPU
+            torch.cuda.synchronize(self.device)
 
 
 def setup(cache: Any, ctx: Any, opts: Any) -> Persistence | None:

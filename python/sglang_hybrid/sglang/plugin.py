@@ -24,6 +24,11 @@ _COALESCE_MODULE = f"{__package__}.coalesce"
 
 
 def register() -> None:
+    from .preflight import preflight
+
+    # First, before anything of ours is imported or any hook applied: a launch the cache cannot
+    # serve is refused in seconds, in one line (``preflight.py``).
+    preflight()
     from sglang.srt.mem_cache.registry import (
         register_radix_cache_backend,
         registered_radix_cache_backends,
@@ -203,8 +208,31 @@ def _from_cli_args(server_args: Any, cls: Any, args: Any) -> None:
 
     if hasattr(args, "hybrid_host_cache_mib"):
         setattr(server_args, ATTR, options_from_namespace(args))
+        # The command line's checks (``preflight.py``), for what did not pass the preflight: a
+        # ``sglang serve`` launch, a ``--config`` file, a program parsing arguments in code.
+        _refusing(_check_parsed, args)
     if _uses_hybrid(args):
         _check_hooks()  # the launcher's first call into the plugin that knows the backend
+
+
+def _check_parsed(args: Any) -> None:
+    from .preflight import check_namespace, from_cli
+
+    check_namespace(args, launch=from_cli())
+
+
+def _refusing(check: Any, *args: Any) -> None:
+    """Run a startup check: on the server command line a refusal is one line and exit status 2
+    (``preflight.refuse``); in a program it raises ``ConfigError``."""
+    from ..index import ConfigError
+    from .preflight import from_cli, refuse
+
+    try:
+        check(*args)
+    except ConfigError as e:
+        if from_cli():
+            refuse(str(e))
+        raise
 
 
 def _check_hooks() -> None:
@@ -233,10 +261,11 @@ def _before_resolve(server_args: Any, *args: Any, **kwargs: Any) -> None:
     messages do not know the fix for this backend); then what the cache needs where the
     operator left SGLang to choose."""
     if _uses_hybrid(server_args):
-        from .checks import check_server_args
+        from .checks import check_contradictions, check_server_args
 
-        _check_hooks()
-        check_server_args(server_args)
+        _refusing(_check_hooks)
+        _refusing(check_contradictions, server_args)
+        _refusing(check_server_args, server_args)
         _choose_where_unset(server_args)
 
 
@@ -284,7 +313,7 @@ def _after_resolve(result: Any, server_args: Any, *args: Any, **kwargs: Any) -> 
     if _uses_hybrid(server_args):
         from .checks import check_server_args
 
-        check_server_args(_resolved(server_args))
+        _refusing(check_server_args, _resolved(server_args))
 
 
 def _resolved(server_args: Any) -> Any:
@@ -401,15 +430,20 @@ def _after_next_batch(plan: Any, scheduler: Any, *args: Any, **kwargs: Any) -> N
 
 
 def _cached_tokens_details(result: Any, streamer: Any, req: Any, *args: Any) -> Any:
-    """Add the bytes the host tier restored to SGLang's ``cached_tokens_details``, and the tokens
-    it restored as the host part of the hit."""
+    """The tokens the host tier restored, as the host part of SGLang's ``cached_tokens_details``.
+
+    Token counts only, as SGLang's own details are (issue #38: the restored bytes used to sit
+    beside them, where a client summing the values would add bytes to tokens). The bytes are
+    ``sglang_hybrid:host_tier_restored_bytes_total``: SGLang 0.5.23 gives a plugin no
+    per-request ``meta_info`` field of its own (its customized-info path is gated by a class
+    constant of the output streamer, and editing ``meta_info`` after the tokenizer manager built
+    it races the request's reader)."""
     from .request import ATTR
 
     state = getattr(req, ATTR, None)
-    if state is None or not state.restored_bytes or not req.cached_tokens:
+    if state is None or not state.restored_tokens or not req.cached_tokens:
         return None
     details = dict(result or {"device": req.cached_tokens, "host": 0})
-    details["hybrid_restored_bytes"] = state.restored_bytes
     # An asynchronous restore lands before admission, so SGLang sees a device hit
     # (``host_loaded_length`` 0): the tokens the restore brought back are the host's.
     host = min(state.restored_tokens, req.cached_tokens)
@@ -515,4 +549,6 @@ def build_cache(ctx: Any) -> Any:
         from .l3_tier import setup as setup_l3
 
         setup_l3(cache, ctx, opts)  # --hybrid-l3 (issue #39)
+    if cache.metrics is not None:
+        cache.metrics.refresh(cache)  # the gauges from the start (a loaded file's snapshots)
     return cache

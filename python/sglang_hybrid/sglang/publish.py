@@ -148,10 +148,7 @@ class Publisher:
                 self.skips.note("recomputed_held", f"{req.rid}: {missed} tokens")
                 self.skips.recomputed_tokens += missed
             if self.cache.metrics is not None:  # the hit is final once the first pass has run
-                host = min(state.restored_tokens, handle.prefix_len)
-                self.cache.metrics.count_prompt(
-                    handle.prefix_len - host, host, max(0, state.n_prompt - handle.prefix_len)
-                )
+                self.cache.metrics.on_admitted(handle, state)
         row = self.req_to_token_pool.req_to_token[req.kv.req_pool_idx]
         # Everything below reads the key's tokens before ``up_to`` only, so a chunk end takes the
         # request's own key, not a prefix copy: the hashes its commit computes stay with it.
