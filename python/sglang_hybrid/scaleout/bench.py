@@ -57,7 +57,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from sglang_hybrid.cpu.server import ServerConfig
+from sglang_hybrid.cpu.server import ServerConfig, ServerError
 from sglang_hybrid.replay.live import LiveRequest, from_trace, run_replay, summarize
 from sglang_hybrid.replay.results import percentile
 
@@ -270,7 +270,8 @@ def _run_fleets(
         else:
             configs, fleet_router = [cfg] * n, router
         fdir.mkdir(parents=True, exist_ok=True)
-        with Fleet(configs, policies[0], fdir, router=fleet_router, on_progress=_say) as fleet:
+        fleet = _start_fleet(configs, policies[0], fdir, fleet_router)
+        try:
             for name, reqs in loads.items():
                 for policy in policies:
                     label = policy if n > 1 else "single"
@@ -280,7 +281,28 @@ def _run_fleets(
                         r.policy = "single"
                     results.append(r)
                     on_result(r)
+        finally:
+            fleet.stop()
     return results
+
+
+def _start_fleet(
+    configs: list[ServerConfig], policy: str, fdir: Path, router: RouterConfig
+) -> Fleet:
+    """A started fleet. A server that does not come up gets one more try, the whole fleet
+    restarted (on these shared machines a start once stalled past its 600 s)."""
+    for attempt in (1, 2):
+        fleet = Fleet(configs, policy, fdir / f"start{attempt}", router=router, on_progress=_say)
+        (fdir / f"start{attempt}").mkdir(parents=True, exist_ok=True)
+        try:
+            fleet.start()
+            return fleet
+        except ServerError as e:
+            fleet.stop()
+            if attempt == 2:
+                raise
+            _say(f"the fleet did not start ({str(e).splitlines()[0]}); starting it again")
+    raise AssertionError("unreachable")
 
 
 def _show(r: RunResult) -> None:
@@ -454,7 +476,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     # The tiny model declares 8k positions; the token worker computes nothing, so longer prompts
     # only need SGLang to accept them.
     os.environ["SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"] = "1"
-    results = run(args, _show)
+    done: list[RunResult] = []
+
+    def on_result(r: RunResult) -> None:  # each run's row is kept as soon as it is measured
+        _show(r)
+        done.append(r)
+        write(args, argv, done)
+
+    results = run(args, on_result)
+    out = write(args, argv, results)
+    print(table(results))
+    _say(f"wrote {out / 'scale_out.json'}, .md and .png")
+    failed = sum(r.summary["failed"] for r in results)
+    return 0 if failed == 0 else 1
+
+
+def write(args: argparse.Namespace, argv: Sequence[str] | None, results: list[RunResult]) -> Path:
+    """``scale_out.json``, ``.md`` and ``.png`` of the runs so far, in ``--out``."""
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     doc = {
@@ -474,7 +512,4 @@ def main(argv: Sequence[str] | None = None) -> int:
     (out / "scale_out.json").write_text(json.dumps(doc, indent=1))
     (out / "scale_out.md").write_text(f"`{doc['command']}` ({doc['date']})\n\n" + table(results))
     plot(results, out / "scale_out.png")
-    print(table(results))
-    _say(f"wrote {out / 'scale_out.json'}, .md and .png")
-    failed = sum(r.summary["failed"] for r in results)
-    return 0 if failed == 0 else 1
+    return out
