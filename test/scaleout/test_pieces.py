@@ -178,9 +178,26 @@ def test_the_report_states_each_run_against_one_server(tmp_path: Any) -> None:
     assert (tmp_path / "p.png").stat().st_size > 0
 
 
+def test_l3_rows_are_read_against_one_server_without_l3(tmp_path: Any) -> None:
+    with_l3 = _result("agent", 1, "single", 820)
+    with_l3.l3 = "mooncake"
+    rr = _result("agent", 2, "round_robin", 720)
+    rr.l3, rr.store = "mooncake", {"objects": 12, "nbytes": 3 << 20, "evicted": 0}
+    rr.summary["l3_tokens"] = 300
+    md = bench.table([_result("agent", 1, "single", 800), with_l3, rr])
+    assert "| agent | 1 | single + L3 | 820 | 82.0% | 102.5% |" in md
+    assert "| agent | 2 | round_robin + L3 | 720 | 72.0% | 90.0% | 50% |" in md
+    assert md.rstrip().endswith("| 300 | 12 (3 MiB) |")
+    bench.plot([_result("agent", 1, "single", 800), rr], tmp_path / "p.png")
+    assert (tmp_path / "p.png").stat().st_size > 0
+
+
 def test_each_server_gets_its_share_of_every_budget() -> None:
     cfg = bench.server_config(Path("m"), 4, 4 * 1000, 64, host_mib=256)
     assert (cfg.max_total_tokens, cfg.max_mamba_cache_size, cfg.host_cache_mib) == (1000, 16, 64)
+    assert "--hybrid-l3" not in cfg.extra
+    cfg = bench.server_config(Path("m"), 4, 4000, 64, host_mib=256, l3="mooncake://h:1")
+    assert cfg.extra[-2:] == ["--hybrid-l3", "mooncake://h:1"]
 
 
 def test_the_benchmark_refuses_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
@@ -192,6 +209,8 @@ def test_the_benchmark_refuses_bad_arguments(capsys: pytest.CaptureFixture[str])
         (["--workers", "1,4", "--total-host-mib", "6"], "must divide"),
         (["--total-host-mib", "-4"], "must be 0 or more"),
         (["--topologies", "ring"], "--topologies"),
+        (["--l3", "off,redis"], "--l3"),
+        (["--l3", "mooncake"], "give --total-host-mib"),
     ]:
         with pytest.raises(SystemExit):
             bench.parse(argv)

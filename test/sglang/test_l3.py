@@ -159,3 +159,38 @@ def test_keys_are_what_a_reader_derives_from_the_prompt(tmp_path: Path) -> None:
     s1 = snapshot_digest(d[1], 2 * 64 + 3, data[512 : 512 + 12])
     assert s1 != snapshot_digest(d[1], 2 * 64 + 3, data[512 : 512 + 8] + b"\0" * 4)
     assert int(ObjKind.SNAPSHOT) == 2
+
+
+def test_an_idle_scheduler_does_not_sleep_while_l3_work_is_in_flight(build, tmp_path: Path) -> None:
+    """``--sleep-on-idle``: SGLang's idle loop waits up to a second for a request, and L3 writes
+    (like host copies) retire only when the loop turns; a finished turn's blocks and endpoint
+    then reached the store up to a second late, after a fleet's next turn on another server had
+    looked and missed. While L3 work is in flight the loop must not sleep."""
+    import threading
+
+    from sglang_hybrid.sglang.l3_tier import WriteTag, wait_idle
+    from sglang_hybrid.store.l3.jobs import Job
+
+    h = _build(build, f"file://{tmp_path / 'l3'}")
+    h.run(toks(3, 200), max_new=8)
+    l3 = h.cache.l3
+    wait_idle(l3)
+    scheduler = h.s.scheduler
+
+    class Sleeper:  # SGLang's IdleSleeper polls its sockets for up to 1 s
+        calls = 0
+
+        def maybe_sleep(self) -> None:
+            Sleeper.calls += 1
+
+    scheduler.idle_sleeper = Sleeper()
+    gate = threading.Event()
+    # a write the store has not answered yet
+    l3.writer.submit(Job(lambda job: gate.wait(30), 60.0, WriteTag(0)))
+    assert h.cache.copies_in_flight()
+    scheduler.maybe_sleep_on_idle()
+    assert Sleeper.calls == 0  # it turned again instead
+    gate.set()
+    wait_idle(l3)
+    scheduler.maybe_sleep_on_idle()
+    assert Sleeper.calls == 1  # nothing in flight: SGLang's sleep as before

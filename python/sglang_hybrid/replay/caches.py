@@ -25,7 +25,8 @@ cache                     what runs
 Contract: ``scheduler_kwargs(plan, chunk=..., max_prefill_tokens=..., context_length=..., **tap
 options)`` returns the ``InProcessScheduler`` keyword arguments of a ``PoolPlan`` (the tap
 options are the hybrid backend's ``--hybrid-*`` flags, None keeping its defaults; ``page_size``
-replaces the table's; ``host_mib`` sizes the hybrid host tier, 0 turning it off).
+replaces the table's; ``host_mib`` sizes the hybrid host tier, 0 turning it off; ``l3_url`` gives
+it an L3, ``l3_model.py``).
 ``cache_environment(cache)`` is the context in which that scheduler must be built and run
 (plugin and oracle registered, the two CPU patches of ``extra_buffer`` in place;
 ``pin_memory`` is restored on exit).
@@ -133,6 +134,7 @@ def scheduler_kwargs(
     page_size: int | None = None,
     host_mib: int = 0,
     overlap: bool = False,
+    l3_url: str | None = None,
 ) -> dict[str, Any]:
     """``InProcessScheduler`` keyword arguments for ``plan`` (see the module contract)."""
     from sglang_hybrid.sglang.flags import HybridOptions
@@ -164,6 +166,7 @@ def scheduler_kwargs(
             # The replay counts prefill in modelled time: copies on the scheduler thread keep
             # its admissions independent of a copy thread's timing (reproducible figures).
             host_copy="inline",
+            l3=l3_url,  # the replay's modelled L3 (``l3_model.py``), None: none
         )
         kw["server_args_attrs"] = {"_hybrid_options": opts}
     elif plan.cache == "extra_buffer":

@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from .budget import CACHES, DEFAULT_MAMBA_RATIO, GIB
+from .l3_model import L3_CACHES
 from .trace import Trace, first
 from .warmup import FILL_FACTOR, SLOT_FACTOR
 
@@ -254,6 +255,7 @@ def _settings(args: argparse.Namespace, budget_gib: float) -> ReplaySettings:
         overlap=args.overlap,
         model_dir=args.model_dir,
         progress=args.progress,
+        l3_bytes=int(getattr(args, "l3_gib", 0.0) * GIB),
     )
 
 
@@ -262,9 +264,12 @@ def cmd_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from .report import SweepPoint, markdown, write_report
 
     caches = [c.strip() for c in args.caches.split(",") if c.strip()]
-    unknown = [c for c in caches if c not in CACHES]
+    known = (*CACHES, *L3_CACHES)
+    unknown = [c for c in caches if c not in known]
     if unknown or not caches:
-        raise SystemExit(f"--caches: unknown {unknown}; choose from {', '.join(CACHES)}")
+        raise SystemExit(f"--caches: unknown {unknown}; choose from {', '.join(known)}")
+    if any(c in L3_CACHES for c in caches) and not (args.l3_gib > 0 and args.host_gib > 0):
+        raise SystemExit("--caches hybrid+l3-*: give the L3 store --l3-gib and a --host-gib")
     if args.prefill_pool and args.warmup_unrelated:
         raise SystemExit("--prefill-pool sizes the warm-up itself: drop --warmup-unrelated")
     tap_note = resolve_tap_mode(args)
@@ -475,6 +480,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _engine_args(run)
     _warmup_args(run)
+    # L3 (issue #39): ``hybrid+l3-tcp`` / ``hybrid+l3-rdma`` in --caches (``l3_model.py``).
+    run.add_argument(
+        "--l3-gib",
+        type=float,
+        default=0.0,
+        help="the hybrid+l3-tcp / hybrid+l3-rdma caches' store behind the host tier, GiB of the "
+        "modelled geometry (transfers timed on the link; docs/benchmarks.md)",
+    )
     run.add_argument("--out", default=None, help="directory for report.json, report.md, PNGs")
     run.add_argument("--title", default=None)
     _trace_args(run)

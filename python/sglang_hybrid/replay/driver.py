@@ -49,6 +49,16 @@ from .caches import (
 )
 from .clock import BatchClock
 from .errors import ReplayError
+from .l3_model import (
+    L3_CACHES,
+    L3Meter,
+    attach,
+    base_cache,
+    drop_store,
+    l3_report,
+    store_capacity_mib,
+    store_url,
+)
 from .oracle_cache import HIT_ATTR
 from .oracle_store import PrefixStore
 from .progress import Progress
@@ -91,6 +101,7 @@ class ReplaySettings:
     capture_grid: str = "any"
     split_threshold: float = 1.0  # --hybrid-split-threshold (index/split_rule.py)
     overlap: bool = False  # SGLang's overlap loop, for every cache that supports it (--overlap)
+    l3_bytes: int = 0  # the L3 variants' store (``l3_model.py``), bytes of the geometry
     model_dir: str | None = None  # the tiny model; written once under the cache dir if unset
     progress: bool | None = None  # None: a bar when stderr is a terminal
 
@@ -111,7 +122,7 @@ def plan_for(cache: str, settings: ReplaySettings) -> PoolPlan:
     from sglang_hybrid.index.presets import GEOMETRIES
 
     return plan_pools(
-        cache,
+        base_cache(cache),
         device_bytes=settings.device_bytes,
         host_bytes=settings.host_bytes,
         geometry=GEOMETRIES[settings.geometry],
@@ -141,6 +152,12 @@ def replay(
         )
     clock = BatchClock(settings.device, settings.geometry)
     path = model_dir(settings)
+    tiny = tiny_kv_bytes_per_token(path)
+    l3_url = None
+    if cache in L3_CACHES:
+        if settings.l3_bytes <= 0:
+            raise ReplayError(f"{cache}: give the L3 store a size (--l3-gib)")
+        l3_url = store_url(cache, store_capacity_mib(settings.l3_bytes, clock.geometry, tiny))
     kwargs = scheduler_kwargs(
         plan,
         chunk=settings.chunk,
@@ -155,17 +172,23 @@ def replay(
         tap_ladder=settings.tap_ladder,
         tap_min_gap=settings.tap_min_gap,
         page_size=settings.hybrid_page_size if cache == "hybrid" else None,
-        host_mib=host_cache_mib(plan.host_bytes, clock.geometry, tiny_kv_bytes_per_token(path)),
+        host_mib=host_cache_mib(plan.host_bytes, clock.geometry, tiny),
         overlap=settings.overlap,
+        l3_url=l3_url,
     )
-    with cache_environment(cache):
+    with cache_environment(base_cache(cache)):
         from sglang_hybrid.cpu.loop import InProcessScheduler
 
         worker = ChunkGridReplayWorker if settings.capture_grid == "chunk" else ReplayWorker
         sched = InProcessScheduler(path, worker="tokens", worker_class=worker, **kwargs)
+        run = _Run(trace, cache, plan, clock, sched, settings, warmup)
         try:
-            return _Run(trace, cache, plan, clock, sched, settings, warmup).run()
+            if l3_url is not None:
+                run.l3 = attach(sched.tree_cache, lambda: run.now, cache, clock.geometry)
+            return run.run()
         finally:
+            if l3_url is not None:
+                drop_store(sched.tree_cache)
             sched.close()
             del sched
             gc.collect()  # the pools are large; free them before the next replay builds its own
@@ -199,6 +222,7 @@ class _Run:
         self.order: dict[str, int] = {}
         self.now = 0.0
         self.restored = 0  # host bytes restored so far (modelled), warm-up included
+        self.l3: L3Meter | None = None  # an L3 variant's link (``l3_model.py``)
         self.result = ReplayResult(
             cache=cache, trace=trace.name, plan=plan, clock=clock.describe(), records=[]
         )
@@ -342,6 +366,9 @@ class _Run:
             if bar is not None and done:
                 bar.advance(done, self.now)
             if batch is None:
+                if self._wait_for_l3():
+                    idle = 0
+                    continue
                 idle += 1
                 if idle > _MAX_IDLE_ITERATIONS:
                     raise ReplayError(
@@ -350,6 +377,19 @@ class _Run:
                     )
                 continue
             idle = 0
+
+    def _wait_for_l3(self) -> bool:
+        """Nothing ran: requests wait for L3 lookups or fetches (or L3 writes are in flight).
+        Jump the clock to the next L3 job's end, or the next release if earlier; False when no
+        L3 job is in flight."""
+        tier = getattr(self.sched.tree_cache, "l3", None) if self.l3 is not None else None
+        t = tier.next_ready() if tier is not None else None
+        if t is None or t <= self.now:
+            return False
+        if self.releases:
+            t = min(t, self.releases[0][0])
+        self.now = max(self.now, t)
+        return True
 
     def _after_warmup(self) -> None:
         """Record what the warm-up was and left behind; zero the counters the trace reports."""
@@ -397,6 +437,8 @@ class _Run:
         before = self.result.warmup.get("cache_stats", {})
         assert isinstance(before, dict)
         self.result.cache_stats = {k: v - int(before.get(k, 0)) for k, v in stats.items()}
+        if self.l3 is not None:
+            self.result.l3 = l3_report(self.sched.tree_cache, self.l3, self.settings.l3_bytes)
         if self.plan.host_bytes and getattr(self.sched.tree_cache, "host_tier", None) is None:
             self.result.notes.append(
                 "host bytes were requested but the hybrid backend ran device-only"

@@ -10,7 +10,8 @@ Contract:
   time, the lookup counted in the request's TTFT.
 - ``replay(url, requests, concurrency=...)`` sends every request, streaming, with at most
   ``concurrency`` in flight, and returns one ``LiveResult`` per request in input order: prompt,
-  cached and completion tokens as the server reports them (``meta_info`` for ``/generate``;
+  cached and completion tokens as the server reports them (``meta_info`` for ``/generate``, with
+  the cached tokens a shared L3 supplied, ``cached_tokens_details.hybrid_l3_tokens``;
   ``usage`` with ``prompt_tokens_details.cached_tokens`` for chat, which needs the server's
   ``--enable-cache-report``), the output text (and ids for ``/generate``), TTFT (time from
   sending to the first streamed chunk carrying output) and end-to-end latency.
@@ -78,6 +79,7 @@ class LiveResult:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     completion_tokens: int = 0
+    l3_tokens: int = 0  # of cached_tokens, fetched from a shared L3 first (``--hybrid-l3``)
     output: str = ""
     output_ids: list[int] = field(default_factory=list)
     ttft_s: float = float("nan")
@@ -275,6 +277,8 @@ def _take_generate_chunk(res: LiveResult, chunk: dict[str, Any], start: float) -
         res.ttft_s = time.perf_counter() - start
     res.prompt_tokens = int(meta.get("prompt_tokens", res.prompt_tokens))
     res.cached_tokens = int(meta.get("cached_tokens", res.cached_tokens))
+    details = meta.get("cached_tokens_details") or {}
+    res.l3_tokens = int(details.get("hybrid_l3_tokens", res.l3_tokens))
     res.completion_tokens = done
     res.output = chunk.get("text", res.output)
     if "output_ids" in chunk:
@@ -374,6 +378,7 @@ def summarize(results: Sequence[LiveResult]) -> dict[str, Any]:
         "prompt_tokens": prompt,
         "cached_tokens": cached,
         "prefilled_tokens": prompt - cached,
+        "l3_tokens": sum(r.l3_tokens for r in ok),
         "reuse": cached / prompt if prompt else 0.0,
         "ttft_mean_s": sum(ttfts) / len(ttfts) if ttfts else float("nan"),
         # One percentile definition for modelled and live figures (nearest rank, ``results``).

@@ -79,6 +79,7 @@ def to_json(sweep: list[SweepPoint], meta: dict[str, Any]) -> dict[str, Any]:
                     "cache_stats": r.cache_stats,
                     "skips": {k: r.cache_stats[k] for k in SKIP_COLUMNS if k in r.cache_stats},
                     "warmup": r.warmup,
+                    "l3": r.l3,
                     "notes": r.notes,
                 }
             )
@@ -113,7 +114,7 @@ def markdown(sweep: list[SweepPoint], meta: dict[str, Any]) -> str:
         lines += ["|---|---:|---:|---:|---:|"]
         for cache, r in p.results.items():
             pl = r.plan
-            snap = str(pl.snapshot_slots) if cache == "hybrid" else "-"
+            snap = str(pl.snapshot_slots) if pl.cache == "hybrid" else "-"
             lines.append(
                 f"| {cache} | {pl.kv_tokens:,} | {pl.state_slots} | {pl.max_running} | {snap} |"
             )
@@ -135,7 +136,7 @@ def markdown(sweep: list[SweepPoint], meta: dict[str, Any]) -> str:
                 f"| {s.host_bytes_restored:,} | {_fmt_s(s.ttft_p50_s)} | {_fmt_s(s.ttft_p95_s)} "
                 f"| {p.results[cache].wall_s:.0f} |"
             )
-        lines += _skips_table(p) + _warmup_table(p)
+        lines += _skips_table(p) + _l3_table(p) + _warmup_table(p)
         notes = [f"- {c}: {n}" for c, r in p.results.items() for n in r.notes[:5]]
         lines += ["", *notes, ""] if notes else [""]
     return "\n".join(lines)
@@ -155,6 +156,34 @@ def _skips_table(p: SweepPoint) -> list[str]:
     ]
     for cache, st in rows.items():
         out.append(f"| {cache} | " + " | ".join(f"{st.get(k, 0):,}" for k in SKIP_COLUMNS) + " |")
+    return out
+
+
+def _l3_table(p: SweepPoint) -> list[str]:
+    """What the L3 variants' store did (``l3_model.py``): lookups, hits, fetched prefix tokens,
+    bytes over the link and its busy time (the geometry's bytes), what eviction-time writes
+    would have written instead of write-through."""
+    rows = {c: r for c, r in p.results.items() if r.l3}
+    if not rows:
+        return []
+    out = [
+        "",
+        "L3 (`l3_model.py`; bytes of the modelled geometry; link busy time in modelled s):",
+        "",
+        "| cache | link GB/s | lookups | hits | fetched tokens | read GiB (s) | written GiB (s) "
+        "| written at host eviction instead, GiB | store evicted |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    gib = float(1 << 30)
+    for cache, r in rows.items():
+        st, x = r.cache_stats, r.l3
+        out.append(
+            f"| {cache} | {x['link_bytes_per_s'] / 1e9:.2f} | {st.get('l3_lookups', 0):,} "
+            f"| {st.get('l3_lookup_hits', 0):,} | {st.get('l3_fetched_tokens', 0):,} "
+            f"| {x['read_bytes'] / gib:,.1f} ({x['read_s']:,.1f}) "
+            f"| {x['write_bytes'] / gib:,.1f} ({x['write_s']:,.1f}) "
+            f"| {x['eviction_write_bytes'] / gib:,.1f} | {x['store_evicted']:,} |"
+        )
     return out
 
 

@@ -118,6 +118,7 @@ class ReplayResult:
     cache_stats: dict[str, int] = field(default_factory=dict)  # the cache's own counters
     notes: list[str] = field(default_factory=list)
     warmup: dict[str, Any] = field(default_factory=dict)  # the unrelated warm-up, if any ran
+    l3: dict[str, Any] = field(default_factory=dict)  # an L3 variant's link and traffic
 
     def summary(self) -> CacheSummary:
         return summarize(self.cache, self.records, self.host_bytes_restored)

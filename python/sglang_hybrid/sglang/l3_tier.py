@@ -46,9 +46,16 @@ from ..index.l3_adopt import Fetched, adopt_fetched, release_reserved, reserve_h
 from ..index.l3_keys import KeySpace, ProbePlan, fingerprint_digest
 from ..index.node import FastResidency
 from ..store.l3.backend import L3Unavailable, L3Url, parse_url
-from ..store.l3.client import FetchResult, L3Client, ProbeResult, PutTarget, SnapshotOut
+from ..store.l3.client import (
+    FetchResult,
+    L3Client,
+    ProbeResult,
+    PutCounts,
+    PutTarget,
+    SnapshotOut,
+)
 from ..store.l3.health import Breaker
-from ..store.l3.jobs import Job, JobQueue
+from ..store.l3.jobs import ClockedJobQueue, Job, JobCost, JobQueue
 from ..store.l3.objects import Geometry
 from .request import ATTR, ReqState, namespace_of, token_bytes
 
@@ -166,6 +173,9 @@ class L3Tier:
         self.c = L3Counters()
         self.local = LocalCounters()
         self._connecting = False
+        # (slab, gen) of every host slab read into an object the store took (``use_clock``'s
+        # ``track_writes``: the replay's write-policy comparison); None: not kept.
+        self.written: dict[int, int] | None = None
         host.l3 = self
         logger.info(
             "L3 %s: objects keyed %s (rank %d of %d)",
@@ -206,7 +216,7 @@ class L3Tier:
         self.breaker.fail(reason)
 
     # ================================================================ writes (local)
-    def _write(self, nbytes: int, run: Any) -> None:
+    def _write(self, nbytes: int, run: Any, cost: JobCost) -> None:
         if not self.breaker.up or self.writer.stuck:
             self.local.writes_skipped_off += 1
             return
@@ -216,7 +226,7 @@ class L3Tier:
         self.write_bytes += nbytes
         self.local.write_jobs += 1
         deadline = FETCH_DEADLINE_S + nbytes / FETCH_FLOOR_BYTES_S
-        self.writer.submit(Job(run, deadline, WriteTag(nbytes)))
+        self.writer.submit(Job(run, deadline, WriteTag(nbytes), cost))
 
     def wrote_blocks(self, planned: list[tuple[BlockNode, int]]) -> None:
         """HostTier: ``planned`` (one lane path's blocks) landed in the host tier."""
@@ -229,7 +239,8 @@ class L3Tier:
         targets = [PutTarget(n.depth, n.host_slab, pool.gen[n.host_slab]) for n in nodes]
         nbytes = len(targets) * self.cache.block_bytes
         client = self.client
-        self._write(nbytes, lambda job: client.put_blocks(job, tokens, extras, targets, pool))
+        run = lambda job: client.put_blocks(job, tokens, extras, targets, pool)  # noqa: E731
+        self._write(nbytes, run, JobCost(2, len(targets)))  # exists, then put
 
     def wrote_snapshot(self, s: Snapshot) -> None:
         """HostTier: ``s``'s image (and tail) landed in the host tier."""
@@ -248,9 +259,8 @@ class L3Tier:
             tuple(pool.gen[x] for x in slabs),
         )
         client = self.client
-        self._write(
-            self.cache.image_bytes, lambda job: client.put_snapshot(job, tokens, extras, snap, pool)
-        )
+        run = lambda job: client.put_snapshot(job, tokens, extras, snap, pool)  # noqa: E731
+        self._write(self.cache.image_bytes, run, JobCost(2, int(bool(s.tail)), 1))
 
     def _poll_writes(self) -> None:
         w = self.writer
@@ -265,6 +275,8 @@ class L3Tier:
                 self._failed(r)
             elif tag.kind == "connect":
                 self.breaker.ok()
+            elif self.written is not None and isinstance(r, PutCounts):
+                self.written.update(r.written)
         if not self.breaker.up and self.breaker.usable():
             self._try_connect()
 
@@ -310,7 +322,7 @@ class L3Tier:
             extras = _extras(key, plan.blocks)
             # (bound now: the loop moves on before the job runs)
             run = partial(_probe, self.client, key.data, extras, plan)
-            lk.job = Job(run, PROBE_DEADLINE_S, lk)
+            lk.job = Job(run, PROBE_DEADLINE_S, lk, JobCost(2))  # two exists calls
             self.reader.submit(lk.job)
             self.lookups[req.rid] = lk
             self.c.lookups += 1
@@ -401,7 +413,8 @@ class L3Tier:
                 job, data, digests, first, frontier, f.block_slabs, f.image_slabs, f.tail_slab
             )
 
-        lk.job = Job(run, FETCH_DEADLINE_S + nbytes / FETCH_FLOOR_BYTES_S, lk)
+        cost = JobCost(1, nblocks + int(has_tail), 1)
+        lk.job = Job(run, FETCH_DEADLINE_S + nbytes / FETCH_FLOOR_BYTES_S, lk, cost)
         self.reader.submit(lk.job)
 
     def _landed(self, lk: Lookup, job: Job, ok: bool) -> None:
@@ -460,6 +473,27 @@ class L3Tier:
                 lk.job.cancel()
         self.lookups.clear()
         self.generation += 1
+
+    def use_clock(self, now: Any, seconds: Any, *, track_writes: bool = False) -> None:
+        """Run L3 jobs in modelled time from now on (the replay, ``replay/l3_model.py``): each
+        job runs when submitted, on the scheduler's thread, and finishes once ``now()`` passes
+        the time ``seconds(job)`` gives it (``ClockedJobQueue``); deadlines do not apply. With
+        ``track_writes``, the host slabs read into stored objects are kept (``written``)."""
+        wait_idle(self)  # the connection, made on the write thread
+        for q in (self.reader, self.writer):
+            q.close()
+        self.reader = ClockedJobQueue(now, seconds)
+        self.writer = ClockedJobQueue(now, seconds)
+        self.written = {} if track_writes else None
+
+    def next_ready(self) -> float | None:
+        """The modelled time the next L3 job finishes (``use_clock``); None: none in flight."""
+        ends = [
+            t
+            for q in (self.reader, self.writer)
+            if isinstance(q, ClockedJobQueue) and (t := q.next_ready()) is not None
+        ]
+        return min(ends) if ends else None
 
     def in_flight(self) -> bool:
         return bool(self.reader.jobs or self.writer.jobs)

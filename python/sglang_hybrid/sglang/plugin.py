@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -85,6 +86,9 @@ def register() -> None:
     )
     HookRegistry.register(
         "sglang.srt.managers.scheduler.Scheduler.flush_cache", _after_flush, after
+    )
+    HookRegistry.register(
+        "sglang.srt.managers.scheduler.Scheduler.maybe_sleep_on_idle", _around_idle_sleep, around
     )
     # Speculative decoding: the draft model's KV pools, collected for the cache (``draft.py``).
     from . import draft
@@ -380,6 +384,20 @@ def _after_flush(flushed: Any, scheduler: Any, *args: Any, **kwargs: Any) -> Non
     cache = _cache_of(scheduler)
     if flushed and cache is not None:
         cache.after_flush()
+
+
+def _around_idle_sleep(orig: Any, scheduler: Any, *args: Any, **kwargs: Any) -> Any:
+    """``--sleep-on-idle``: SGLang's idle scheduler waits up to a second for a request. Host and
+    L3 copies retire only when the loop turns (``HostTier.poll``, ``L3Tier.poll``), and a
+    finished request's blocks and endpoint reach L3 only once their host write retired; so while
+    any copy or L3 job is in flight the loop turns again (after a millisecond) instead of
+    sleeping. Without this a fleet's next turn on another server, arriving within that second,
+    missed what the previous turn wrote (issue #39, ``docs/l3.md``)."""
+    cache = _cache_of(scheduler)
+    if cache is not None and cache.copies_in_flight():
+        time.sleep(0.001)
+        return None
+    return orig(scheduler, *args, **kwargs)
 
 
 def _before_next_batch(scheduler: Any, *args: Any, **kwargs: Any) -> None:

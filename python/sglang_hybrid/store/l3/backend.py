@@ -6,7 +6,9 @@
   Mooncake Store through its own client (``mooncake.store.MooncakeDistributedStore``);
   ``mooncake.py`` says why not through SGLang's ``MooncakeStore``;
 - ``file://DIR?max_size=SIZE``: a directory, through SGLang's own ``HiCacheFile`` backend (its
-  atomic writes and its LRU size cap), for one machine and for tests.
+  atomic writes and its LRU size cap), for one machine and for tests;
+- ``memory://NAME?capacity_mib=N``: a store inside this process (``memory.py``), for the
+  replay's modelled L3 and for tests.
 
 Both take ``prefix=TEXT``: an operator's namespace in every key (a fleet, an experiment).
 
@@ -40,8 +42,8 @@ class L3ConfigError(ValueError):
 
 
 class L3Url(NamedTuple):
-    scheme: str  # "mooncake" or "file"
-    target: str  # HOST:PORT of the master, or the directory
+    scheme: str  # "mooncake", "file" or "memory"
+    target: str  # HOST:PORT of the master, the directory, or the in-process store's name
     params: dict[str, str]
     prefix: str
 
@@ -51,6 +53,7 @@ class L3Url(NamedTuple):
 
 MOONCAKE_PARAMS = ("metadata", "segment", "protocol", "device", "host", "buffer")
 FILE_PARAMS = ("max_size",)
+MEMORY_PARAMS = ("capacity_mib",)
 
 
 def parse_url(url: str) -> L3Url:
@@ -78,6 +81,11 @@ def parse_url(url: str) -> L3Url:
             raise L3ConfigError(f"{FLAG} {url}: name a directory, file:///abs/dir or file://dir")
         _only(url, query, FILE_PARAMS)
         return L3Url("file", path, query, prefix)
+    if parts.scheme == "memory":
+        _only(url, query, MEMORY_PARAMS)
+        if not parts.netloc or not query.get("capacity_mib", "").isdigit():
+            raise L3ConfigError(f"{FLAG} {url}: write memory://NAME?capacity_mib=MIB")
+        return L3Url("memory", parts.netloc, query, prefix)
     raise L3ConfigError(
         f"{FLAG} {url}: use mooncake://MASTER_HOST:PORT?metadata=URL (a Mooncake Store) or "
         f"file://DIR (a directory on this machine)"
@@ -128,6 +136,10 @@ def open_backend(url: L3Url, *, tp_rank: int, tp_size: int) -> L3Backend:
         from .mooncake import MooncakeBackend
 
         return MooncakeBackend(url)
+    if url.scheme == "memory":
+        from .memory import MemoryBackend
+
+        return MemoryBackend(url)
     from .file import FileBackend
 
     return FileBackend(url, tp_rank=tp_rank, tp_size=tp_size)

@@ -79,6 +79,7 @@ class PutCounts:
     present: int = 0  # already in the store
     changed: int = 0  # the slab was reused before it was read: not written
     failed: int = 0  # the store refused (full, say)
+    written: list[tuple[int, int]] = field(default_factory=list)  # (slab, gen) read into objects
 
 
 @dataclass(slots=True)
@@ -165,6 +166,7 @@ class L3Client:
         for i in range(0, len(todo), per):
             batch_keys: list[str] = []
             bufs: list[np.ndarray] = []
+            read: list[PutTarget] = []
             for j, (key, t) in enumerate(todo[i : i + per]):
                 buf = self.write_buf[j * size : (j + 1) * size]
                 if not self._unchanged(pool, (t.slab,), (t.gen,)):
@@ -184,10 +186,12 @@ class L3Client:
                 write_header(buf.data, self.g, e, self.g.block_bytes)
                 batch_keys.append(key)
                 bufs.append(buf)
-            for ok in backend.put(batch_keys, bufs):
+                read.append(t)
+            for t, ok in zip(read, backend.put(batch_keys, bufs), strict=True):
                 if ok:
                     c.objects += 1
                     c.nbytes += size
+                    c.written.append((t.slab, t.gen))
                 else:
                     c.failed += 1
         self._count_put(c)
@@ -232,6 +236,7 @@ class L3Client:
         write_header(buf.data, self.g, e, size - HEADER_BYTES, snap.kind)
         if backend.put([key], [buf])[0]:
             c.objects, c.nbytes = 1, size
+            c.written = list(zip(slabs, snap.gens, strict=True))
         else:
             c.failed = 1
         self._count_put(c)

@@ -8,6 +8,11 @@ running on the worker, so before the scheduler hands back what the job writes in
 it cancels the job (:meth:`Job.cancel`), which waits for a write in progress and stops any later
 one (:meth:`Job.writing`). While such a job still runs the queue is ``stuck``: the caller submits
 nothing more until it ends.
+
+:class:`ClockedJobQueue` is the same contract in modelled time (the replay, ``replay/l3_model.py``):
+a job runs at once on the caller's thread (as the host tier's ``inline`` copies do), and counts as
+finished once a clock the caller supplies reaches the time its transfer would take on a modelled
+link (priced by :attr:`Job.cost`); one job at a time per queue, as one worker thread.
 """
 
 from __future__ import annotations
@@ -18,7 +23,19 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, NamedTuple
+
+
+class JobCost(NamedTuple):
+    """What a job moves, for a clock that prices it (``ClockedJobQueue``): round trips to the
+    store, and objects (64-token block bundles, including a snapshot's partial tail; images)."""
+
+    round_trips: int = 1
+    blocks: int = 0
+    images: int = 0
+
+
+ONE_ROUND_TRIP = JobCost()
 
 
 class Cancelled(Exception):
@@ -28,10 +45,18 @@ class Cancelled(Exception):
 class Job:
     """One unit of L3 work; ``run(job)`` executes on the worker thread."""
 
-    def __init__(self, run: Callable[[Job], Any], deadline_s: float, tag: Any = None) -> None:
+    def __init__(
+        self,
+        run: Callable[[Job], Any],
+        deadline_s: float,
+        tag: Any = None,
+        cost: JobCost = ONE_ROUND_TRIP,
+    ) -> None:
         self.run = run
         self.deadline = time.monotonic() + deadline_s
         self.tag = tag  # the caller's record of what the job is for
+        self.cost = cost
+        self.ready_at = 0.0  # ClockedJobQueue: the modelled time it is done
         self.future: Future[Any] | None = None
         self.expired = False
         self._lock = threading.Lock()
@@ -115,3 +140,46 @@ class JobQueue:
 
     def close(self, wait: bool = True) -> None:
         self._pool.shutdown(wait=wait, cancel_futures=not wait)
+
+
+class ClockedJobQueue(JobQueue):
+    """A :class:`JobQueue` whose jobs run at submission and finish in modelled time (see the
+    module docstring): ``now()`` reads the clock, ``seconds(job)`` prices a job. Deterministic:
+    what finishes when depends on the clock and the jobs, never on threads."""
+
+    def __init__(self, now: Callable[[], float], seconds: Callable[[Job], float]) -> None:
+        self.jobs = deque()
+        self._abandoned = []
+        self.now = now
+        self.seconds = seconds
+        self.busy_until = 0.0  # the modelled end of the last job submitted
+
+    def submit(self, job: Job) -> Job:
+        f: Future[Any] = Future()
+        try:
+            f.set_result(job.run(job))
+        except Exception as e:  # as a worker thread's future: the caller reads it
+            f.set_exception(e)
+        job.future = f
+        job.ready_at = self.busy_until = max(self.now(), self.busy_until) + self.seconds(job)
+        self.jobs.append(job)
+        return job
+
+    def finished(self, now: float | None = None) -> int:
+        t = self.now() if now is None else now
+        k = 0
+        for job in self.jobs:
+            if job.ready_at > t:
+                break
+            k += 1
+        return k
+
+    def next_ready(self) -> float | None:
+        """When the job at the head finishes (None: no job)."""
+        return self.jobs[0].ready_at if self.jobs else None
+
+    def wait(self, timeout_s: float | None = None) -> None:
+        return None
+
+    def close(self, wait: bool = True) -> None:
+        return None

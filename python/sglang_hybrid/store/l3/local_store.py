@@ -5,6 +5,8 @@ For the tests, the scale-out benchmark and ``docs/l3.md``'s one-machine recipe: 
 commands an operator runs, on free loopback ports, stopped (and the master killable and
 restartable) from Python. The servers attach with ``--hybrid-l3`` :attr:`LocalMooncake.url`
 and give the store no memory of their own, so a server restarted loses nothing of it.
+:meth:`LocalMooncake.clear` empties the store between benchmark runs and :meth:`LocalMooncake.usage`
+reads what it holds, both from the master (its ``remove_all`` and its ``/metrics``).
 """
 
 from __future__ import annotations
@@ -14,8 +16,9 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
-from typing import IO
+from typing import IO, NamedTuple
 
 from .backend import L3Unavailable
 
@@ -71,6 +74,12 @@ def _wait_port(port: int, timeout_s: float, proc: subprocess.Popen[bytes]) -> No
     raise L3Unavailable(f"nothing listens on {port} after {timeout_s:.0f} s")
 
 
+class StoreUsage(NamedTuple):
+    objects: int  # keys the master holds
+    nbytes: int  # bytes allocated to them in the segments
+    evicted: int  # keys the master evicted to make room, since it started
+
+
 class LocalMooncake:
     """``with LocalMooncake(log_dir) as store: ... store.url ...``"""
 
@@ -124,6 +133,54 @@ class LocalMooncake:
         log = self._log("mooncake_client.log")
         self.storage = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         _wait_port(self.client_port, 30, self.storage)
+
+    def master_metrics(self) -> dict[str, float]:
+        """The master's unlabelled ``/metrics`` samples (``master_key_count``, ...)."""
+        with urllib.request.urlopen(f"http://{HOST}:{self.metrics}/metrics", timeout=10) as r:
+            text = r.read().decode()
+        out: dict[str, float] = {}
+        for line in text.splitlines():
+            name, _, value = line.partition(" ")
+            if line and not line.startswith("#") and "{" not in name:
+                try:
+                    out[name] = float(value)
+                except ValueError:
+                    continue
+        return out
+
+    def usage(self) -> StoreUsage:
+        m = self.master_metrics()
+        return StoreUsage(
+            int(m.get("master_key_count", 0)),
+            int(m.get("master_allocated_bytes", 0)),
+            int(m.get("master_evicted_key_count", 0)),
+        )
+
+    def clear(self, timeout_s: float = 60.0) -> None:
+        """Remove every object (a benchmark's next run starts from an empty store).
+
+        The master keeps an object read in the last ``--default_kv_lease_ttl`` (10 s) and
+        ``remove_all`` skips it, so this asks again until the master counts no key, and then
+        once more a second later (a write that was still in flight)."""
+        from .backend import parse_url
+        from .mooncake import MooncakeBackend
+
+        backend = MooncakeBackend(parse_url(self.url))
+        try:
+            end = time.monotonic() + timeout_s
+            quiet = 0
+            while quiet < 2:
+                backend.store.remove_all()
+                left = self.usage().objects
+                if left:
+                    quiet = 0
+                    if time.monotonic() > end:
+                        raise L3Unavailable(f"{left} objects left in the store after {timeout_s} s")
+                else:
+                    quiet += 1
+                time.sleep(1.0)
+        finally:
+            backend.close()
 
     def kill_master(self) -> None:
         """SIGKILL, as a crash: the store's metadata (and so its objects) is gone."""
