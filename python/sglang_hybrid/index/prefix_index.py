@@ -178,12 +178,17 @@ class PrefixIndex:
         lane = Lane(id=self._next_lane, enabled=enabled, prompt_n=m.n)
         self._next_lane += 1
         self.tick += 1
-        if m.branch_point is not None and m.path:
-            # The walk left the tree at the end of path[-1]: a follow-up diverged this far before
-            # the end of an earlier prompt that ran through there (``followups``).
+        if m.path:
             x = m.path[-1]
-            if x.prompt_end > x.end:
-                self.followups.observe(x.prompt_end - x.end)
+            if m.branch_point is not None:
+                # The walk left the tree at the end of path[-1]: a follow-up diverged this far
+                # before the end of an earlier prompt that ran through there (``followups``).
+                if x.prompt_end > x.end:
+                    self.followups.observe(x.prompt_end - x.end)
+            elif len(m.path) == (m.n - 1) // BLOCK_TOKENS and x.prompt_end > m.n:
+                # The prompt stopped inside an earlier, longer one (issue #37): a state at
+                # e - q serves it when q >= e - (n - 1). A repeat (e == n) is the tail's.
+                self.followups.observe(x.prompt_end - m.n + 1)
         if source is not None:
             if source.id not in self.snapshots:
                 raise ValueError(f"{source} is no longer in the index")
