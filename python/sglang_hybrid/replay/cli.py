@@ -29,7 +29,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from .budget import CACHES, DEFAULT_MAMBA_RATIO, GIB
+from .budget import CACHES, DEFAULT_CACHES, DEFAULT_MAMBA_RATIO, GIB
 from .trace import Trace, first
 from .warmup import FILL_FACTOR, SLOT_FACTOR
 
@@ -428,8 +428,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--caches",
-        default=",".join(CACHES),
-        help=f"comma-separated, from {', '.join(CACHES)} (default all)",
+        default=",".join(DEFAULT_CACHES),
+        help=f"comma-separated, from {', '.join(CACHES)} (default {', '.join(DEFAULT_CACHES)}; "
+        "lru is the free-state LRU bound: the budget's bytes, device and host, as KV only)",
     )
     _engine_args(run)
     _warmup_args(run)
