@@ -152,12 +152,15 @@ def test_the_prompt_tail_is_exact_at_n_minus_1_for_every_n_mod_64() -> None:
     p = TapPlanner(taps_per_request=2, ladder_tokens=1 << 20, min_gap_tokens=1024)
     for n in range(2, 300):
         tails = [(t.position, t.exact) for t in p.plan(n, 0) if t.source is TapSource.TAIL]
-        # Within END_TOKENS of the base a repeat is already within a few tokens of n - 1.
-        assert tails == ([(n - 1, True)] if n - 1 > END_TOKENS else []), n
-    # Redundant only within END_TOKENS of an anchor below it.
+        # Within a block of the base a repeat resumes there (less than a block short).
+        assert tails == ([(n - 1, True)] if n - 1 >= 64 else []), n
+    # Redundant within END_TOKENS of an anchor below it, or within a block of the base.
     for gap, planned in ((END_TOKENS, False), (END_TOKENS + 1, True)):
         taps = p.plan(1000, 0, existing=[999 - gap])
         assert (TapSource.TAIL in {t.source for t in taps}) is planned, gap
+    for added, planned in ((63, False), (64, True)):
+        taps = p.plan(5000 + added + 1, 5000)
+        assert (TapSource.TAIL in {t.source for t in taps}) is planned, added
 
 
 def test_an_opener_at_the_end_keeps_its_own_position() -> None:

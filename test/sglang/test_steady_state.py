@@ -11,7 +11,6 @@ import random
 
 import pytest
 
-from sglang_hybrid.index.taps import END_TOKENS
 from sglang_hybrid.sglang.hints import make_envelope
 
 rng = random.Random(23)
@@ -24,8 +23,8 @@ def toks(n: int) -> list[int]:
 def promised_repeat(n: int) -> int:
     """docs/index.md: a repeat of an n-token prompt resumes at n - 1, the prompt-tail tap (one
     token is always prefilled, so a state at n - 1 is the deepest usable), whatever n mod 64 is
-    (issue #37; floor64(n - 1) before). Within END_TOKENS of the root no tap is worth its slot."""
-    return n - 1 if n - 1 > END_TOKENS else 0
+    (issue #37; floor64(n - 1) before). Within a block of the root no tap is worth its slot."""
+    return n - 1 if n - 1 >= 64 else 0
 
 
 def promised_hinted_repeat(n: int) -> int:
