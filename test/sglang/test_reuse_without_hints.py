@@ -13,6 +13,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
+import pytest
 from test_boundaries import ask
 
 from sglang_hybrid.index.taps import END_TOKENS
@@ -88,3 +89,51 @@ def test_strict_prefixes_of_earlier_prompts_resume_inside_them(build) -> None:
     print(f"  prefixes re-sent without their last message, tokens recomputed: {late}")
     assert max(late) <= 320 - 250 + 63, late
     assert h.cache.index.followups.observations >= 16
+
+
+def _cycle(h: Any, prompts: list[list[int]], together: int = 1) -> list[int]:
+    """Each prompt once, then each again with 5 more tokens, ``together`` at a time."""
+    for p in prompts:
+        h.run(p, max_new=4)
+    again = [p + toks(5) for p in prompts]
+    if together == 1:
+        return [h.run(p, max_new=4).cached_tokens for p in again]
+    got: list[int] = []
+    for w in range(0, len(again), together):
+        wave = again[w : w + together]
+        for i, p in enumerate(wave):
+            h.s.submit(f"cy{w}-{i}", p, 4)
+        h.s.run_until_idle()
+        res = h.s.results()
+        got += [res[f"cy{w}-{i}"].cached_tokens for i in range(len(wave))]
+    return got
+
+
+@pytest.mark.parametrize("host_mib", [0, 16])
+def test_a_cycle_larger_than_the_cache_keeps_a_stable_part(build, host_mib: int) -> None:
+    """Issue #37's cyclic scan: 14 distinct 3,000-token prompts (42k tokens) through a 16,384-token
+    device pool (and a 16 MiB host tier: 128 slabs of 64 tokens, images included), then each
+    again with 5 more tokens, in the same order. LRU kept nothing of it (0 of 14): each request
+    evicted what the next one needed. The device holds four such prompts beside the one running,
+    so at most four can reuse without a host tier; with one, more."""
+    prompts = [toks(3000) for _ in range(14)]
+    h = build(total=16384, running=4, mamba=32, opts={"host_cache_mib": host_mib})
+    got = _cycle(h, prompts)
+    served = sum(g > 0 for g in got)
+    print(f"\ncycle, host {host_mib} MiB: hybrid reuse {got} ({served} of 14)")
+    assert served >= (4 if host_mib == 0 else 6), got
+    assert h.cache.index.thrash.ghost_hits_total > 0
+    if host_mib == 0:
+        builtin = _cycle(build("builtin", total=16384, running=4, mamba=32), prompts)
+        print(f"  built-in cache reuse: {builtin}")
+
+
+def test_a_cycle_arriving_eight_at_a_time(build) -> None:
+    """The same cycle, its second pass eight at a time with the host tier: the waves' running
+    requests take most of the device, and the stable part the host kept is restored."""
+    prompts = [toks(3000) for _ in range(14)]
+    h = build(total=16384, running=8, mamba=40, opts={"host_cache_mib": 16})
+    got = _cycle(h, prompts, together=8)
+    served = sum(g > 0 for g in got)
+    print(f"\ncycle eight at a time, host 16 MiB: hybrid reuse {got} ({served} of 14)")
+    assert served >= 4, got
