@@ -99,12 +99,10 @@ def test_a_cycle_larger_than_the_device_keeps_a_stable_part() -> None:
 
 
 @pytest.mark.parametrize("host", [0, 400])
-def test_without_the_rule_the_cycle_reuses_nothing(
-    monkeypatch: pytest.MonkeyPatch, host: int
-) -> None:
+def test_without_the_rule_the_cycle_reuses_nothing(host: int) -> None:
     """The check that the scenarios bite: LRU's and GDSF's placement (never thrashing)."""
-    monkeypatch.setattr(ThrashMeter, "thrashing", property(lambda self: False))
     index, dev = make_index(host_slabs=host, slots=32, taps=8 if host else 2), Device()
+    index.thrash.enabled = False
     got = cycle(index, dev, 8192 if host else 16384)
     print(f"\nwithout the rule, host slabs {host}: {got}")
     assert sum(g > 0 for g in got) <= 2

@@ -81,7 +81,7 @@ class GhostBlocks:
 class ThrashMeter:
     """Recent ghost-hit tokens against hit tokens (see the module docstring)."""
 
-    __slots__ = ("_traffic", "ghost_hits_total", "ghost_tokens", "hit_tokens", "pressed")
+    __slots__ = ("_traffic", "enabled", "ghost_hits_total", "ghost_tokens", "hit_tokens", "pressed")
 
     def __init__(self) -> None:
         self.ghost_tokens = 0.0  # recomputed tokens the cache held recently (decaying)
@@ -89,6 +89,7 @@ class ThrashMeter:
         self._traffic = 0  # prompt tokens since the last halving
         self.ghost_hits_total = 0  # blocks recalled, over the meter's life (a counter to report)
         self.pressed = False  # the cache has had to evict (until then nothing is displaced)
+        self.enabled = True  # False: never thrashing, LRU's and GDSF's placement (comparisons)
 
     def note_request(self, prompt_tokens: int, resumed_tokens: int, tree_nodes: int) -> None:
         self.hit_tokens += resumed_tokens
@@ -109,7 +110,7 @@ class ThrashMeter:
     def thrashing(self) -> bool:
         """Evicting, and recomputing at least as much as it serves (see the module docstring):
         a cache that has had to evict but has served nothing yet is in a scan's first pass."""
-        return self.pressed and self.ghost_tokens >= self.hit_tokens
+        return self.enabled and self.pressed and self.ghost_tokens >= self.hit_tokens
 
     def threshold(self, victim_uses: int) -> int:
         """While thrashing, newcomers used at most this often lose to residents; else -1."""
