@@ -86,7 +86,7 @@ class Chat:
 # ---------------------------------------------------------------- the programs
 def resume_equivalence(chat: Chat, rng: random.Random) -> Program:
     prompt = toks(rng, 600)
-    yield Wave([Req("re-warm", prompt, 1)])  # leaves the prompt-tail tap at floor64(599)
+    yield Wave([Req("re-warm", prompt, 1)])  # leaves the prompt-tail tap at 599
     yield Wave([Req("re-resume", prompt, 256)])
 
 
@@ -181,7 +181,7 @@ def shared_preamble(chat: Chat, rng: random.Random) -> Program:
 
 def identical_together(chat: Chat, rng: random.Random) -> Program:
     prompt = toks(rng, 500)
-    yield Wave([Req("it-warm", prompt, 2)])  # its prompt-tail tap (448) serves all eight
+    yield Wave([Req("it-warm", prompt, 2)])  # its prompt-tail tap (499) serves all eight
     yield EvictDevice()  # from here the prefix lives on the host only (when there is one)
     yield Wave([Req(f"it-{i}", prompt + [7, 8, 9], 6) for i in range(8)])
 

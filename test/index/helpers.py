@@ -94,8 +94,23 @@ def run(
     out: list[Snapshot] = []
     for p in sorted(taps):
         slot = index.reserve_slot(lane, p, kind)
-        if slot is not None and (s := index.publish(lane, k, p, slot, kind, origin=origin)):
+        if slot is None:
+            continue
+        tail = dev.new() if p % 64 else None  # an exact tap inside a block carries its tail
+        s = index.publish(
+            lane,
+            k,
+            p,
+            slot,
+            kind,
+            origin=origin,
+            tail_device=tail,
+            tail_device_tokens=-(-(p % 64) // page) * page,
+        )
+        if s is not None:
             out.append(s)
+        elif tail is not None:
+            dev.live.discard(tail)
     f = len(ids)
     if endpoint and (slot := index.reserve_slot(lane, f, SnapshotKind.ENDPOINT)) is not None:
         tail = dev.new() if f % 64 else None

@@ -104,7 +104,12 @@ class World:
             kind = self.rng.choice([SnapshotKind.TAP, SnapshotKind.BOUNDARY])
             slot = idx.reserve_slot(lane, p, kind)
             if slot is not None:
-                s = idx.publish(lane, key, p, slot, kind)
+                tail = self.dev.new() if p % 64 else None  # an exact tap inside a block
+                s = idx.publish(
+                    lane, key, p, slot, kind, tail_device=tail, tail_device_tokens=p % 64
+                )
+                if s is None and tail is not None:
+                    self.dev.live.discard(tail)  # a duplicate leaves the tail with the caller
                 wants_host = s is not None and self.rng.random() < 0.7
                 if wants_host and idx.transfers.plan_image_write(s) is not None:
                     idx.transfers.complete_image_write(s)

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sglang_hybrid.index import HintKind, TapHint, TapPlanner, TapSource
-from sglang_hybrid.index.taps import acceptance_order
+from sglang_hybrid.index.taps import END_TOKENS, MIN_RUNG_TOKENS, acceptance_order
 
 KINDS = [
     HintKind.EXPLICIT,
@@ -61,7 +61,7 @@ def test_taps_are_placed_in_range_outside_spans_and_deduplicated(sc, exact_tails
             assert t.position % 64 == 0
         assert not any(b < t.position < e for b, e in spans)
         assert t.position not in existing
-        assert t.exact == (t.source not in (TapSource.TAIL, TapSource.LADDER))
+        assert t.exact == (t.source is not TapSource.LADDER)  # the tail is exact (issue #37)
 
 
 @settings(max_examples=300, deadline=None)
@@ -76,7 +76,10 @@ def test_ladder_stays_logarithmic_and_respects_the_gap(sc) -> None:
     n, base, _, existing, _, _, ladder, gap, _ = sc
     taps = _plan(sc)
     rungs = [t for t in taps if t.source is TapSource.LADDER]
-    assert len(rungs) <= max(0, math.log2(max(n, 1) / ladder)) + 1
+    # Spaced relative to the span below 4 G (issue #37), the gap with it.
+    g = min(ladder, max(MIN_RUNG_TOKENS, (n - base) // 4))
+    gap = min(gap, g // 2)
+    assert len(rungs) <= max(0, math.log2(max(n - base, 1) / g)) + 1
     others = [base, *existing, *(t.position for t in taps if t.source is not TapSource.LADDER)]
     for r in rungs:
         assert all(abs(r.position - q) >= gap for q in others)
@@ -102,6 +105,7 @@ def test_opener_absorbs_the_prompt_tail_in_chat() -> None:
     taps = p.plan(n, 0, [TapHint(2990, HintKind.OPENER), TapHint(1500, HintKind.STRUCTURAL)])
     assert [(t.position, t.source) for t in taps] == [
         (1500, TapSource.STRUCTURAL),
+        (2240, TapSource.LADDER),  # n - 750: rungs spaced relative to the span (issue #37)
         (2990, TapSource.OPENER),  # exact, with a tail; the tail tap (nominal 2999) is absorbed
     ]
     assert taps[0].boundary and not taps[1].boundary
@@ -115,7 +119,7 @@ def test_semantic_cluster_keeps_the_earliest_and_its_boundary() -> None:
     floored = TapPlanner(
         taps_per_request=8, ladder_tokens=1 << 20, min_gap_tokens=1024, exact_tails=False
     ).plan(5000, 0, [TapHint(1000, HintKind.STRUCTURAL), TapHint(1040, HintKind.OPENER)])
-    assert [t.position for t in floored if t.exact] == [960]
+    assert [t.position for t in floored if t.exact and t.source is not TapSource.TAIL] == [960]
 
 
 def test_endpoint_resume_skips_the_opener() -> None:
@@ -141,3 +145,48 @@ def test_branch_point_is_an_exact_boundary_tap() -> None:
 
 def Tap_at(taps, p):
     return next(t for t in taps if t.position == p)
+
+
+def test_the_prompt_tail_is_exact_at_n_minus_1_for_every_n_mod_64() -> None:
+    """Issue #37: a repeat resumes at n - 1 whatever n mod 64 is (it was floor64(n - 1))."""
+    p = TapPlanner(taps_per_request=2, ladder_tokens=1 << 20, min_gap_tokens=1024)
+    for n in range(2, 300):
+        tails = [(t.position, t.exact) for t in p.plan(n, 0) if t.source is TapSource.TAIL]
+        # Within a block of the base a repeat resumes there (less than a block short).
+        assert tails == ([(n - 1, True)] if n - 1 >= 64 else []), n
+    # Redundant within END_TOKENS of an anchor below it, or within a block of the base.
+    for gap, planned in ((END_TOKENS, False), (END_TOKENS + 1, True)):
+        taps = p.plan(1000, 0, existing=[999 - gap])
+        assert (TapSource.TAIL in {t.source for t in taps}) is planned, gap
+    for added, planned in ((63, False), (64, True)):
+        taps = p.plan(5000 + added + 1, 5000)
+        assert (TapSource.TAIL in {t.source for t in taps}) is planned, added
+
+
+def test_an_opener_at_the_end_keeps_its_own_position() -> None:
+    """The chat resend of issue #37: the opener lies 48 tokens after the system block's end.
+    Clustered, the state sat at the system block's end and a resent request resumed there; at
+    the request's end the opener is its own tap, named by its rule, and absorbs the tail."""
+    p = TapPlanner(taps_per_request=2, ladder_tokens=1 << 20, min_gap_tokens=1024)
+    hints = [TapHint(215, HintKind.STRUCTURAL), TapHint(263, HintKind.OPENER)]
+    taps = p.plan(266, 0, hints)
+    assert [(t.position, t.source) for t in taps] == [
+        (215, TapSource.STRUCTURAL),
+        (263, TapSource.OPENER),
+    ]
+    # An opener that is not the request's end still clusters, named by the hint kept.
+    taps = p.plan(1000, 0, [TapHint(215, HintKind.STRUCTURAL), TapHint(263, HintKind.OPENER)])
+    assert [(t.position, t.source) for t in taps if t.source is not TapSource.TAIL] == [
+        (215, TapSource.STRUCTURAL)
+    ]
+
+
+def test_a_prompt_of_a_few_thousand_tokens_gets_rungs() -> None:
+    """Issue #37: the ladder's spacing is relative below 4 G, so a prefix of a 4,000-token
+    prompt finds a state inside it (the spec's ladder starts at n - G, 16,384 by default)."""
+    p = TapPlanner(taps_per_request=4, ladder_tokens=16384, min_gap_tokens=8192)
+    rungs = [t.position for t in p.plan(4000, 0) if t.source is TapSource.LADDER]
+    assert rungs == [1984, 2944]  # n - 2000, n - 1000 on the grid
+    # Long prompts keep the spec's ladder.
+    rungs = [t.position for t in p.plan(100_000, 0) if t.source is TapSource.LADDER]
+    assert rungs == [100_000 - 65536 - 32, 100_000 - 32768 - 32, 100_000 - 16384 - 32]

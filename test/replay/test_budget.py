@@ -53,4 +53,4 @@ def test_too_small_a_budget_is_refused():
     with pytest.raises(ValueError, match="too small"):
         plan_pools("no_buffer", device_bytes=GIB // 2, geometry=G27, max_running=4)
     with pytest.raises(ValueError, match="unknown cache"):
-        plan_pools("lru", device_bytes=GIB, geometry=G27, max_running=4)
+        plan_pools("fifo", device_bytes=GIB, geometry=G27, max_running=4)

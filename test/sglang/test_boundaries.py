@@ -91,9 +91,9 @@ def test_a_checkpoint_request_pins_the_prefix_end(build) -> None:
     h = build(chunk=256)
     a = _prompt(5, 320)
     h.run(a, max_new=2)
-    prefix = a[:256] + _prompt(6, 20)  # the request above left a state at 256
+    prefix = a[:319] + _prompt(6, 20)  # the request above left its prompt-tail tap at 319
     plain = ask(h, BOUNDARIES, {"input_ids": prefix}).response[0]
-    assert [c["position"] for c in plain["checkpoints"]][-1] == 256
+    assert [(c["position"], c["kind"]) for c in plain["checkpoints"]][-1] == (319, "tail")
     h.run(prefix, max_new=1, kv_hints=checkpoint_envelope())
     pinned = ask(h, BOUNDARIES, {"input_ids": prefix}).response[0]
     assert pinned["checkpoints"][-1]["position"] == len(prefix)

@@ -86,8 +86,10 @@ def test_restored_bytes_are_reported_with_cached_tokens(build) -> None:
 def test_host_pressure_reclaims_dead_kv_and_superseded_first(build) -> None:
     # A tiny host tier: eviction runs all the time; every idle point checks the invariants.
     h = host(build, mib=4, total=4096, running=2, mamba=10)
-    convs = [toks(200) for _ in range(4)]
-    for _ in range(3):
+    # Six conversations, four turns: with the prompt-tail tap at n - 1 (issue #37) four and
+    # three left no superseded snapshot on the host to reclaim.
+    convs = [toks(200) for _ in range(6)]
+    for _ in range(4):
         for i, c in enumerate(convs):
             r = h.run(c, max_new=70)
             convs[i] = c + list(r.output_ids) + toks(20)

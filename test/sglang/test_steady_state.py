@@ -20,30 +20,50 @@ def toks(n: int) -> list[int]:
     return [rng.randrange(10, 2000) for _ in range(n)]
 
 
-def floor64(x: int) -> int:
-    return x - x % 64
-
-
 def promised_repeat(n: int) -> int:
-    """docs/index.md: a repeat of an n-token prompt resumes at floor64(n - 1), the prompt-tail
-    tap (one token is always prefilled, so a state at n - 1 is the deepest usable)."""
-    return floor64(n - 1) if n > 1 else 0
+    """docs/index.md: a repeat of an n-token prompt resumes at n - 1, the prompt-tail tap (one
+    token is always prefilled, so a state at n - 1 is the deepest usable), whatever n mod 64 is
+    (issue #37; floor64(n - 1) before). Within a block of the root no tap is worth its slot."""
+    return n - 1 if n - 1 >= 64 else 0
 
 
+def promised_hinted_repeat(n: int) -> int:
+    """A chat request's repeat (hints as the chat template gives them: the system block's end
+    at n // 2, the opener OPENER_GAP tokens before n) resumes at the opener: it is the
+    request's end, keeps its own position and absorbs the tail (issue #37). An opener within a
+    block of the root is dropped (64-token proximity), and the tail serves."""
+    opener = n - OPENER_GAP
+    return opener if opener > 64 else promised_repeat(n)
+
+
+OPENER_GAP = 3  # "<|im_start|>assistant\n"
 LENGTHS = [*range(1, 301), 4095, 4096, 4097, 4160, 4161, 8127, 8128, 8129]
 
 
-def test_repeats_of_every_length_reuse_the_prompt_tail_tap(build) -> None:
-    """The cache flushed before each length, as a client probing it would see it."""
+def _chat_hints(n: int) -> dict | None:
+    """The chat template's hints for an n-token request (positions within (0, n])."""
+    marks = [(n // 2, "structural"), (n - OPENER_GAP, "opener")]
+    marks = [(p, k) for p, k in marks if p > 0]
+    if not marks:
+        return None
+    return make_envelope([p for p, _ in marks], [k for _, k in marks])
+
+
+@pytest.mark.parametrize("hinted", [False, True])
+def test_repeats_of_every_length_reuse_the_prompt_tail_tap(build, hinted: bool) -> None:
+    """The cache flushed before each length, as a client probing it would see it: token ids
+    only (a /generate client), or with the chat template's hints."""
     h = build(total=40000, running=2, mamba=12)
+    promised = promised_hinted_repeat if hinted else promised_repeat
     wrong = []
     for n in LENGTHS:
         assert h.s.scheduler.flush_cache()
         p = toks(n)
-        first = h.run(p, max_new=1).cached_tokens
-        again = h.run(p, max_new=1).cached_tokens
-        if first != 0 or again != promised_repeat(n):
-            wrong.append((n, first, again, promised_repeat(n)))
+        attrs = {"kv_hints": _chat_hints(n)} if hinted and _chat_hints(n) else {}
+        first = h.run(p, max_new=1, **attrs).cached_tokens
+        again = h.run(p, max_new=1, **attrs).cached_tokens
+        if first != 0 or again != promised(n):
+            wrong.append((n, first, again, promised(n)))
     assert not wrong, f"(length, first, repeat, promised): {wrong[:12]}"
 
 
@@ -101,7 +121,8 @@ def test_a_full_pool_of_evictable_cache_reuses_like_a_flushed_one(build, chunk: 
 def test_a_concurrent_wave_restores_from_host(build) -> None:
     """14 distinct 3,000-token prompts one at a time (they spill to the host tier), then each
     + 5 tokens one at a time, then each + 2 tokens eight at a time: every request of the wave
-    resumes at the prompt-tail tap from the host, waiting for room rather than recomputing."""
+    resumes at the prompt-tail tap (n - 1) from the host, waiting for room rather than
+    recomputing."""
     h = build(
         total=12288,
         running=8,
@@ -113,7 +134,7 @@ def test_a_concurrent_wave_restores_from_host(build) -> None:
     for p in prompts:
         assert h.run(p, max_new=4).cached_tokens == 0
     ones = [h.run(p + toks(5), max_new=4).cached_tokens for p in prompts]
-    assert ones == [floor64(3004)] * 14
+    assert ones == [2999] * 14  # the prompt-tail tap at n - 1
     restored = h.cache.host_tier.restored_bytes
     got = []
     for wave in (prompts[:8], prompts[8:]):
@@ -124,6 +145,6 @@ def test_a_concurrent_wave_restores_from_host(build) -> None:
         res = h.s.results()
         got += [res[f"{tag}-{i}"].cached_tokens for i in range(len(wave))]
     print(f"\nconcurrent wave: {got}; skipped {h.cache.skips.as_dict()}")
-    assert got == [floor64(3001)] * 14
+    assert got == [2999] * 14
     assert h.cache.host_tier.restored_bytes > restored
     assert h.cache.skips.counts["recomputed_held"] == 0

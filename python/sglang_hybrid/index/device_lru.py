@@ -33,6 +33,21 @@ class DeviceLRU:
         (self.backed if backed else self.unbacked)[entry] = tokens
         self.tokens += tokens
 
+    def add_head(self, entry: Entry, tokens: int, backed: bool) -> None:
+        """Insert at the LRU end (evicted next in its list). The entry must not be in either
+        list. A newcomer the scan-resistant rule keeps behind the residents (``newcomers``)."""
+        lst = self.backed if backed else self.unbacked
+        lst[entry] = tokens
+        lst.move_to_end(entry, last=False)
+        self.tokens += tokens
+
+    def peek_victim(self) -> Entry | None:
+        """The entry ``pop_victim`` would take next, left in place."""
+        for lst in (self.backed, self.unbacked):
+            for entry in lst:
+                return entry
+        return None
+
     def remove(self, entry: Entry) -> None:
         tokens = self.backed.pop(entry, None)
         if tokens is None:

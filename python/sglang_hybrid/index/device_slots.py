@@ -7,7 +7,8 @@ a published snapshot. A new tap or endpoint takes a slot in this order:
 2. the slot of a superseded snapshot, oldest supersession first (it keeps its host copy or, with
    none, is deleted);
 3. the slot of a device-only snapshot with the lowest GDSF priority, only when the new snapshot's
-   estimated priority is at least as high (the old one is lost; L rises to its priority);
+   estimated priority is at least as high (the old one is lost; L rises to its priority) and,
+   while the cache thrashes, its use count higher (``newcomers``);
 4. the slot of the least recently hit host-backed snapshot (it only loses its device copy).
 
 Otherwise the new snapshot is skipped. Value decides for device-only owners because their slot is
@@ -21,6 +22,7 @@ import math
 from collections.abc import Collection
 from typing import NamedTuple
 
+from .newcomers import snapshot_uses
 from .node import FastResidency
 from .snapshot import Snapshot
 
@@ -51,9 +53,14 @@ class DeviceSnapshotSlots:
         return len(self._free)
 
     def choose(
-        self, new_priority: float, superseding: Collection[Snapshot] = ()
+        self,
+        new_priority: float,
+        superseding: Collection[Snapshot] = (),
+        rival_uses: int = 1 << 62,
     ) -> SlotChoice | None:
-        """``superseding``: snapshots the new one supersedes, ranked as the newest supersessions."""
+        """``superseding``: snapshots the new one supersedes, ranked as the newest supersessions.
+        ``rival_uses``: the new snapshot's use count; a device-only owner used as often or more
+        keeps its slot (``newcomers``: while the cache thrashes, the index passes it)."""
         if self._free:
             return SlotChoice(self._free[-1], SlotSource.FREE, None)
         superseded: Snapshot | None = None
@@ -75,7 +82,11 @@ class DeviceSnapshotSlots:
                 backed = owner
         if superseded is not None:
             return SlotChoice(superseded.device_slot, SlotSource.SUPERSEDED, superseded)
-        if device_only is not None and new_priority >= device_only.h:
+        if (
+            device_only is not None
+            and new_priority >= device_only.h
+            and snapshot_uses(device_only) < rival_uses
+        ):
             return SlotChoice(device_only.device_slot, SlotSource.DEVICE_ONLY, device_only)
         if backed is not None:
             return SlotChoice(backed.device_slot, SlotSource.HOST_BACKED, backed)

@@ -34,6 +34,7 @@ def delete_subtree(index: PrefixIndex, node: BlockNode) -> None:
             for s in list(x.snapshots):
                 index.delete_snapshot(s)
         index.residency.forget_node(x)
+        index.ghosts.remember(x, index.tree.n_nodes)
         if x.host_state is not R.ABSENT:
             assert index.host is not None
             index.host.release([x.host_slab])
@@ -71,6 +72,7 @@ def evict_device(index: PrefixIndex, tokens: int, *, backed_only: bool = False) 
                 stats.device_evicted_unbacked += 1
                 stats.subtree_deletions += 1
                 residency.forget_evicted(victim)
+                index.ghosts.remember(victim, tree.n_nodes)
                 tree.remove_leaf(victim)
             else:
                 stats.device_evicted_unbacked += 1
@@ -84,4 +86,6 @@ def evict_device(index: PrefixIndex, tokens: int, *, backed_only: bool = False) 
                 stats.device_evicted_unbacked += 1
                 index.delete_snapshot(victim)
     index.note_pressure(victims)  # device pressure moves no resume point
+    if victims:
+        index.thrash.note_eviction()
     return start - residency.device_tokens

@@ -6,7 +6,8 @@ To free slabs:
    refs, no pins) can never produce a hit; leaves first, so no child outlives its parent's copy;
 2. otherwise the oldest superseded snapshot goes entirely (both copies; L unchanged), then 1;
 3. otherwise the retained snapshot with the minimum H, then 1 (its exclusive path just died);
-   L := H(victim). A victim still complete on the device only gives up its host copy.
+   L := H(victim). A victim still complete on the device only gives up its host copy. While the
+   cache thrashes, only for a newcomer used more often than the victim (``newcomers``).
 
 An image write bounds step 3 with its own priority: GDSF never inserts what it would evict next,
 so when the victim is worth more the write is refused and the new snapshot stays device-only
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .newcomers import snapshot_uses
 from .node import BlockNode, FastResidency
 from .snapshot import Snapshot
 
@@ -26,13 +28,19 @@ if TYPE_CHECKING:
 R = FastResidency  # Residency, read faster (node.py)
 
 
-def make_room(index: PrefixIndex, k: int, *, bound: float | None = None) -> bool:
-    """Evict until ``k`` slabs are free; False (having evicted only what it may) when it cannot."""
+def make_room(
+    index: PrefixIndex, k: int, *, bound: float | None = None, uses: int = 1 << 62
+) -> bool:
+    """Evict until ``k`` slabs are free; False (having evicted only what it may) when it cannot.
+
+    ``uses``: the newcomer's use count; GDSF's victim goes only when used less often
+    (``newcomers``: while the cache thrashes the index passes it, else it is unbounded)."""
     host = index.host
     assert host is not None
     if k > host.n_slabs:
         return False
     while host.free < k:
+        index.thrash.note_eviction()
         if index.dead:
             _sweep_one(index)
             continue
@@ -43,6 +51,8 @@ def make_room(index: PrefixIndex, k: int, *, bound: float | None = None) -> bool
             continue
         victim = min_h_victim(index)
         if victim is None or (bound is not None and victim.h > bound):
+            return False
+        if snapshot_uses(victim) >= uses:
             return False
         index.stats.host_gdsf_evicted += 1
         index.raise_inflation(victim.h)

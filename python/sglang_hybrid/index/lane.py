@@ -28,4 +28,7 @@ class Lane:
     last_tap: Snapshot | None = None
     pinned: list[Snapshot] = field(default_factory=list)  # snapshots this lane is copying from
     published: int = 0
+    # Taps it published with a tail: their tails enter the LRU with its path at release (a tail
+    # waiting there since mid-prefill was older than its own blocks, and went first).
+    tails: list[Snapshot] = field(default_factory=list)
     closed: bool = False

@@ -84,6 +84,10 @@ class BlockNode:
     # End of the latest prompt whose last WINDOW_TOKENS ran through here (``followups``); only
     # changed by ``PrefixIndex.release``.
     prompt_end: int
+    # Requests that entered this block, with the count it had when it last left the tree
+    # (``newcomers``: scan-resistant placement); only changed by ``PrefixIndex`` (open_lane,
+    # commit).
+    uses: int
     # Snapshots anchored here; only changed by ``PrefixIndex`` (link and delete a snapshot).
     snapshots: list[Snapshot] | None
 
@@ -119,6 +123,7 @@ class BlockNode:
         self.forks_below = 0
         self.last_access = 0
         self.prompt_end = 0
+        self.uses = 0
         self.snapshots = None
 
     @property

@@ -45,6 +45,7 @@ from .host_slabs import HostSlabPool
 from .keys import BLOCK_BYTES, BLOCK_TOKENS, PromptKey
 from .lane import Lane
 from .match import Match, match_prompt
+from .newcomers import GhostBlocks, ThrashMeter, snapshot_uses
 from .node import BlockNode, FastResidency
 from .path_counts import add_retained
 from .persist import Adopted, AdoptPlan, HostExport
@@ -56,6 +57,7 @@ from .transfers import HostTransfers
 from .tree import BlockTree
 
 R = FastResidency  # Residency, read faster (node.py)
+NO_BOUND = 1 << 62  # a newcomer count every resident loses to
 
 
 @dataclass(slots=True)
@@ -113,6 +115,10 @@ class PrefixIndex:
         # per-source statistics move in publish and _hit. Threshold 0: every exact tap splits.
         self.split_rule = SplitRule(cost, threshold=0.0)
         self.planner.split_rule = self.split_rule
+        # Scan resistance (``newcomers``): use counts of blocks that left the tree (eviction
+        # remembers, commit recalls) and whether the cache thrashes (open_lane and commit).
+        self.ghosts = GhostBlocks()
+        self.thrash = ThrashMeter()
         # The rest is only changed by this class. Superseded snapshots, oldest supersession
         # first: supersede, a hit, delete.
         self.superseded: OrderedDict[Snapshot, None] = OrderedDict()
@@ -183,12 +189,20 @@ class PrefixIndex:
         lane = Lane(id=self._next_lane, enabled=enabled, prompt_n=m.n)
         self._next_lane += 1
         self.tick += 1
-        if m.branch_point is not None and m.path:
-            # The walk left the tree at the end of path[-1]: a follow-up diverged this far before
-            # the end of an earlier prompt that ran through there (``followups``).
+        if m.path:
             x = m.path[-1]
-            if x.prompt_end > x.end:
-                self.followups.observe(x.prompt_end - x.end)
+            if m.branch_point is not None:
+                # The walk left the tree at the end of path[-1]: a follow-up diverged this far
+                # before the end of an earlier prompt that ran through there (``followups``).
+                if x.prompt_end > x.end:
+                    self.followups.observe(x.prompt_end - x.end)
+            elif len(m.path) == (m.n - 1) // BLOCK_TOKENS and x.prompt_end > m.n:
+                # The prompt stopped inside an earlier, longer one (issue #37): a state at
+                # e - q serves it when q >= e - (n - 1). A repeat (e == n) is the tail's.
+                self.followups.observe(x.prompt_end - m.n + 1)
+        self.thrash.note_request(
+            m.n, source.frontier if source is not None else 0, self.tree.n_nodes
+        )
         if source is not None:
             if source.id not in self.snapshots:
                 raise ValueError(f"{source} is no longer in the index")
@@ -205,6 +219,7 @@ class PrefixIndex:
             for node in path:
                 ref(node)
                 node.last_access = tick
+                node.uses += 1
             lane.path.extend(path)
         self.lanes[lane.id] = lane
         return lane
@@ -237,6 +252,7 @@ class PrefixIndex:
         data, bb = key.data, BLOCK_BYTES
         extra_of = key.extra if key.has_extras else None
         tree, path, ref = self.tree, lane.path, self.residency.ref
+        ghosts = self.ghosts
         # Only duplicates are reported: a chunk's commit is mostly new blocks, and a record per
         # block cost the caller a Python loop over ~128 of them per chunk.
         dups: list[tuple[int, BlockNode]] = []
@@ -254,6 +270,13 @@ class PrefixIndex:
                 node = tree.add_child(parent, h, tokens, x)
                 node.device, node.device_state = device_of(b - start), R.RESIDENT
                 node.active_refs, node.last_access = 1, tick
+                if len(ghosts):
+                    was = ghosts.recall(h)
+                    if was:  # recomputed, though the cache held it recently (``newcomers``)
+                        self.thrash.note_ghost_hit()
+                    node.uses = was + 1
+                else:
+                    node.uses = 1
                 path.append(node)
                 taken += 1
                 parent = node
@@ -263,6 +286,7 @@ class PrefixIndex:
                 break
             ref(node)  # pinned first: an adopted copy never enters the LRU
             node.last_access = tick
+            node.uses += 1
             path.append(node)
             if state is R.ABSENT:  # host-only: it adopts the lane's page
                 node.device, node.device_state = device_of(b - start), R.RESIDENT
@@ -288,10 +312,29 @@ class PrefixIndex:
             # observation of ``followups`` (nodes ending in (n - WINDOW_TOKENS, n]).
             for node in lane.path[max(0, (n - WINDOW_TOKENS) // BLOCK_TOKENS) : n // BLOCK_TOKENS]:
                 node.prompt_end = n
-        self.residency.release_path(lane.path)
+        self.residency.release_path(lane.path, self.probation_uses(), lane.tails)
+        lane.tails.clear()
         lane.path.clear()
         lane.closed = True
         del self.lanes[lane.id]
+
+    def probation_uses(self) -> int:
+        """Released blocks used at most this often enter the LRU at its evicting end: the next
+        victim's count while the cache thrashes, else -1 (``newcomers``)."""
+        if not self.thrash.thrashing:
+            return -1
+        victim = self.residency.lru.peek_victim()
+        if victim is None:
+            return -1
+        if isinstance(victim, BlockNode):
+            return victim.uses
+        assert isinstance(victim, Snapshot)  # a tail
+        return snapshot_uses(victim)
+
+    def newcomer_uses(self, uses: int) -> int:
+        """A newcomer's count as GDSF victims and slot owners must lose to it (``newcomers``):
+        ``uses`` while the cache thrashes, else no bound."""
+        return uses if self.thrash.thrashing else NO_BOUND
 
     # ================================================================ snapshots
     def plan_taps(

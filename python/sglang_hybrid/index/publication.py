@@ -52,7 +52,14 @@ def reserve_slot(
         default=0,
     )
     estimate = index.valuer.estimate(index.L, base, frontier, frontier % BLOCK_TOKENS != 0, demand)
-    choice = index.slots.choose(estimate, superseding=superseding)
+    # Its count (``newcomers``): the anchor's, once committed (a tap reserved before its pass
+    # has only the blocks below it: a block not committed yet counts once), and the requests
+    # known to be waiting for it.
+    k = frontier // BLOCK_TOKENS
+    uses = (lane.path[k - 1].uses if 0 < k <= len(lane.path) else 1) + demand
+    choice = index.slots.choose(
+        estimate, superseding=superseding, rival_uses=index.newcomer_uses(uses)
+    )
     if choice is None:
         index.stats.skipped_no_slot += 1
         if any(isinstance(o, Snapshot) and not o.restore_pins for o in index.slots.owner):
@@ -162,6 +169,8 @@ def publish(
     else:
         index.stats.taps_published += 1
         lane.last_tap = s
+        if tail:
+            lane.tails.append(s)
     lane.published += 1
     index.epoch += 1
     return s

@@ -14,6 +14,7 @@ every membership from the fields, so a fast path that diverged fails there.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence
 
 from .device_lru import DeviceLRU
 from .keys import BLOCK_TOKENS
@@ -94,22 +95,47 @@ class ResidencyTracker:
             if node.host_state is R.RESIDENT and node.live_snapshots_below == 0:
                 del self.dead[node]
 
-    def release_path(self, path: list[BlockNode]) -> None:
+    def release_path(
+        self, path: list[BlockNode], probation: int = -1, tails: Sequence[Snapshot] = ()
+    ) -> None:
         """A lane drops its refs on ``path``, deepest first, so that freed nodes enter the LRU
         deepest first (§9.1). Equivalent to ``active_refs -= 1; node_changed(node)`` per node:
         a node that becomes free was pinned, so in neither list, and node_changed would add it
         to the LRU (backed list when its host copy is Resident) when its device copy is Resident
-        and to the dead list when its host copy is Resident with no live snapshot below."""
+        and to the dead list when its host copy is Resident with no live snapshot below.
+
+        Nodes used at most ``probation`` times enter at the evicting end instead, deepest
+        nearest to it (``newcomers``: while the cache thrashes, a newcomer used no more often
+        than the next victim is the next victim). ``tails``, the lane's taps with a tail, move
+        with their anchors, just before them: a tail entered the LRU when its tap was
+        published, mid-prefill, and would otherwise be older than the blocks it extends."""
         lru, dead = self.lru, self.dead
         resident = R.RESIDENT
+        moved: list[Snapshot] = []
+        for s in tails:
+            if s in lru:
+                moved.append(s)
+                lru.remove(s)
+        for s in moved:
+            if s.anchor.uses > probation:
+                lru.add(s, s.tail_device_tokens, s.tail_host_state is resident)
+        behind: list[tuple[BlockNode, bool]] = []
         for node in reversed(path):
             node.active_refs -= 1
             if node.active_refs == 0 and node.restore_pins == 0:
                 backed = node.host_state is resident
                 if node.device_state is resident:
-                    lru.add(node, BLOCK_TOKENS, backed)
+                    if node.uses <= probation:
+                        behind.append((node, backed))
+                    else:
+                        lru.add(node, BLOCK_TOKENS, backed)
                 if backed and node.live_snapshots_below == 0:
                     dead[node] = None
+        for node, backed in reversed(behind):  # shallowest first: the deepest ends at the head
+            lru.add_head(node, BLOCK_TOKENS, backed)
+        for s in moved:
+            if s.anchor.uses <= probation:
+                lru.add_head(s, s.tail_device_tokens, s.tail_host_state is resident)
 
     def touch(self, node: BlockNode) -> None:
         """A hit: the node's device copy (if free) goes to the MRU end of its list."""

@@ -142,12 +142,19 @@ class SplitRule:
 
     def apply(self, taps: Sequence[Tap], *, base: int, existing: Sequence[int] = ()) -> list[Tap]:
         """The planner's taps (sorted) with each split the rule declines moved down to the grid
-        as a flexible tap (or dropped); the prompt tail is exact here when ``exact_tail``."""
+        as a flexible tap (or dropped); the prompt tail (planned exact at n - 1, issue #37) goes
+        to the grid as a flexible tap unless ``exact_tail``."""
         out: list[Tap] = []
         anchors = sorted({base, *existing})
         for tap in taps:
             p = tap.position
-            exact = tap.exact or (self.exact_tail and tap.source is TapSource.TAIL)
+            if tap.source is TapSource.TAIL and not self.exact_tail:
+                # --hybrid-tail-tap flexible: the tail where a pass ends anyway, on the grid.
+                q = p - p % BLOCK_TOKENS
+                if q > base and all(t.position != q for t in out):
+                    out.append(Tap(q, False, tap.boundary, tap.source))
+                continue
+            exact = tap.exact
             if not exact or self.captures(p, base):
                 out.append(tap._replace(exact=exact))
                 continue

@@ -8,11 +8,12 @@ Candidates, in priority order:
 4. structural boundaries (end of tools / leading system)      exact, Boundary
    protocol-automatic markers plan like structural ones       exact, Tap
 5. the follow-up tap n - q, q learned from where later
-   prompts left earlier ones (``followups``, beyond the spec;
-   only for prompts without hints 1, 3, 4)                    exact, on the grid
-6. the prompt tail, n - 1                                     flexible
-7. the ladder n - G * 2^k, snapped back to a message
-   boundary within the minimum gap                            flexible
+   prompts left earlier ones or stopped inside them
+   (``followups``, beyond the spec; only for prompts
+   without hints 1, 3, 4)                                     exact, on the grid
+6. the prompt tail, n - 1                                     exact (issue #37)
+7. the ladder n - g * 2^k, g = min(G, (n - base) / 4),
+   snapped back to a message boundary within the gap          flexible
 
 Every tap lies in (base, n - 1] and never strictly inside a Vision span (a candidate inside one
 moves to the span start). Exact taps keep their position (spec §7.1: the split is worth it because
@@ -21,12 +22,25 @@ tail; ``exact_tails=False`` floors them to the 64-token grid instead, for caller
 tails. Flexible taps are floored to the grid and realised where a pass ends anyway.
 
 Proximity: semantic boundaries (opener, structural, automatic) closer than 64 tokens form one
-cluster that keeps only its earliest position, and its Boundary-ness if any member had it. A
-snapshot serves every prompt diverging after it, so a non-explicit candidate is dropped when an
-accepted tap, an existing snapshot on the path or the base lies at most 64 tokens before it; ladder
-candidates keep the minimum gap on both sides instead. The prompt tail is judged at its nominal
-position n - 1 (so an opener within 64 tokens of the end absorbs it, one split per chat request),
-then floored. At most ``taps_per_request`` are kept; the planner counts the taps that budget drops
+cluster that keeps only its earliest position, named by the hint there, and its Boundary-ness if
+any member had it; an opener at the request's end (within ``END_TOKENS`` of n: only the generation
+prompt follows it) stays out of clusters and keeps its own position, since a resent request
+resumes there (issue #37: clustered with a system block ending 51 tokens earlier, a resent chat
+request resumed 51 tokens short every time). A snapshot serves every prompt diverging after it,
+so a non-explicit candidate is dropped when an accepted tap, an existing snapshot on the path or
+the base lies at most 64 tokens before it; ladder candidates keep the gap on both sides instead.
+
+The prompt tail (issue #37): one prompt token is always prefilled, so n - 1 is the deepest state a
+repeat can use, and the tail tap is exact there (a partial block as its tail): a repeat resumes
+at n - 1 whatever n mod 64 is (on the grid it resumed up to 63 tokens short). It is redundant
+when an anchor lies within ``END_TOKENS`` before n - 1 (an opener at the end absorbs it: one
+state per chat request, a few tokens short), and when the request adds less than a block after
+the state it resumed from (a repeat resumes there, < 64 tokens short: on the agent workload
+without hints, tool steps with short tool results tapping there cost 2.8 % more prefill at 32
+GiB than they saved, by the slots they took). In zero-split mode it is captured inside the pass;
+in split mode it ends a pass, as the grid tail did, and the binding's split rule decides.
+
+At most ``taps_per_request`` are kept; the planner counts the taps that budget drops
 (``over_budget``), its only state.
 
 Branch point (Marconi's admission rule): when a request's exact KV match reaches at least 64 tokens
@@ -65,6 +79,7 @@ class TapSource(enum.IntEnum):
     FOLLOWUP = 6
     TAIL = 7
     LADDER = 8
+    COALESCE = 9  # not planned here: where waiting requests will resume (spec §12.2)
 
 
 class TapHint(NamedTuple):
@@ -77,6 +92,15 @@ class Tap(NamedTuple):
     exact: bool
     boundary: bool
     source: TapSource
+
+
+# A repeat may resume this many tokens short of n - 1 (the generation prompt after an opener is a
+# few tokens; Qwen3's with an empty think block is 7): an anchor within it makes the tail tap
+# redundant, and an opener within it of n is the request's end (issue #37).
+END_TOKENS = 16
+# The ladder's smallest spacing: rungs closer than this to each other save too little to hold a
+# snapshot slot (a 4 x 512-token prompt still gets rungs at 1/2 and 3/4 of its span).
+MIN_RUNG_TOKENS = 512
 
 
 class TapPlanner:
@@ -129,7 +153,7 @@ class TapPlanner:
                 cands.append(Tap(p, True, True, TapSource.EXPLICIT))
         if branch_point is not None and (p := snap(branch_point, True)) is not None:
             cands.append(Tap(p, True, True, TapSource.BRANCH))
-        for tap in self._semantic_clusters(hints, skip_opener):
+        for tap in self._semantic_clusters(hints, skip_opener, n):
             if (p := snap(tap.position, True)) is not None:
                 cands.append(tap._replace(position=p))
         # Only for prompts that carry no hint of where they will be resumed: a template's opener
@@ -143,12 +167,17 @@ class TapPlanner:
             # On the grid but exact: a pass must end there (a flexible tap would be taken at
             # the next pass end, the prompt tail, which is what it is meant to precede).
             cands.append(Tap(p, True, False, TapSource.FOLLOWUP))
-        if (p := snap(n - 1)) is not None:
-            cands.append(Tap(p, False, False, TapSource.TAIL))
+        if (p := snap(n - 1, True)) is not None:
+            cands.append(Tap(p, True, False, TapSource.TAIL))
+        # Rungs spaced relative to the span (issue #37): a prompt of a few thousand tokens whose
+        # prefix is sent again gets states inside it too; past 4 G the ladder is G * 2^k as in
+        # the spec. The gap scales with the spacing.
+        g = min(self.ladder_tokens, max(MIN_RUNG_TOKENS, (n - base) // 4))
+        gap = min(self.min_gap_tokens, g // 2)
         messages = [h.position for h in hints if h.kind is not HintKind.EXPLICIT]
         k = 0
-        while (raw := n - self.ladder_tokens * (1 << k)) > base:
-            if (p := snap(_snap_back(raw, messages, self.min_gap_tokens))) is not None:
+        while (raw := n - g * (1 << k)) > base:
+            if (p := snap(_snap_back(raw, messages, gap))) is not None:
                 cands.append(Tap(p, False, False, TapSource.LADDER))
             k += 1
 
@@ -160,15 +189,18 @@ class TapPlanner:
             p = tap.position
             if p in taken:
                 continue
-            nominal = n - 1 if tap.source is TapSource.TAIL else p
-            # The tail tap is redundant only within a block of an anchor: at exactly one block
-            # past it (n = 64k + 1 after a snapshot at 64(k-1)) it still saves a whole block.
-            reach = BLOCK_TOKENS - 1 if tap.source is TapSource.TAIL else BLOCK_TOKENS
             if tap.source is TapSource.LADDER:
-                if any(abs(p - q) < self.min_gap_tokens for q in anchors):
+                if any(abs(p - q) < gap for q in anchors):
+                    continue
+            elif tap.source is TapSource.TAIL:
+                # Redundant within END_TOKENS of an anchor (a repeat resumes a few tokens short
+                # of n - 1), or within a block of the base (issue #37; see the docstring).
+                if n - 1 - base < BLOCK_TOKENS or any(
+                    0 <= n - 1 - q <= END_TOKENS for q in anchors
+                ):
                     continue
             elif tap.source is not TapSource.EXPLICIT and any(
-                0 <= nominal - q <= reach for q in anchors
+                0 <= p - q <= BLOCK_TOKENS for q in anchors
             ):
                 continue
             if len(accepted) >= self.taps_per_request:
@@ -183,24 +215,31 @@ class TapPlanner:
         return accepted
 
     @staticmethod
-    def _semantic_clusters(hints: Sequence[TapHint], skip_opener: bool) -> list[Tap]:
-        """Opener / structural / automatic hints, single-linkage clustered at < 64 tokens."""
-        sem = [
-            h
-            for h in hints
-            if h.kind in (HintKind.STRUCTURAL, HintKind.AUTOMATIC)
-            or (h.kind is HintKind.OPENER and not skip_opener)
-        ]
+    def _semantic_clusters(hints: Sequence[TapHint], skip_opener: bool, n: int) -> list[Tap]:
+        """Opener / structural / automatic hints, single-linkage clustered at < 64 tokens; an
+        opener at the request's end is a cluster of its own (see the module docstring)."""
         out: list[Tap] = []
+        sem: list[TapHint] = []
+        for h in hints:
+            if h.kind is HintKind.OPENER:
+                if skip_opener:
+                    continue
+                if n - h.position <= END_TOKENS:
+                    out.append(Tap(h.position, True, False, TapSource.OPENER))
+                    continue
+            if h.kind in (HintKind.OPENER, HintKind.STRUCTURAL, HintKind.AUTOMATIC):
+                sem.append(h)
         i = 0
         while i < len(sem):
             j = i + 1
             while j < len(sem) and sem[j].position - sem[j - 1].position < BLOCK_TOKENS:
                 j += 1
             members = sem[i:j]
-            best = min(h.kind for h in members)
+            # Named by the hint at the position kept (the rule that made the state there);
+            # hints are sorted, so several at that position give the highest priority's name.
+            first = members[0]
             boundary = any(h.kind is HintKind.STRUCTURAL for h in members)
-            out.append(Tap(members[0].position, True, boundary, _SOURCE_OF[best]))
+            out.append(Tap(first.position, True, boundary, _SOURCE_OF[first.kind]))
             i = j
         return out
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from . import valuation as val
 from .host_eviction import make_room
+from .newcomers import snapshot_uses
 from .node import BlockNode, FastResidency
 from .snapshot import Snapshot
 
@@ -40,7 +41,8 @@ class HostTransfers:
         if host is None or not lane.enabled:
             return []
         todo = [n for n in lane.path if n.host_state is R.ABSENT and n.device_state is R.RESIDENT]
-        if todo and make_room(ix, len(todo)):  # the common case: room for all in one go
+        uses = ix.newcomer_uses(todo[-1].uses) if todo else 0  # the deepest: its least used
+        if todo and make_room(ix, len(todo), uses=uses):  # the common case: room for all at once
             slabs = host.alloc(len(todo))
             assert slabs is not None
             for node, slab in zip(todo, slabs, strict=True):
@@ -48,7 +50,7 @@ class HostTransfers:
             return list(zip(todo, slabs, strict=True))
         out: list[tuple[BlockNode, int]] = []
         for node in todo:  # short of room: as many as eviction frees, root first
-            if not make_room(ix, 1):
+            if not make_room(ix, 1, uses=ix.newcomer_uses(node.uses)):
                 break
             one = host.alloc(1)
             assert one is not None  # make_room made room for it
@@ -99,7 +101,7 @@ class HostTransfers:
         want_tail = bool(s.tail) and s.tail_host_state is R.ABSENT
         k = host.image_slabs + (1 if want_tail else 0)
         ix.pin_snapshot(s)  # the victim search must not pick the snapshot being written
-        ok = make_room(ix, k, bound=s.h)
+        ok = make_room(ix, k, bound=s.h, uses=ix.newcomer_uses(snapshot_uses(s)))
         ix.unpin_snapshot(s)
         if not ok:
             ix.stats.image_writes_refused += 1

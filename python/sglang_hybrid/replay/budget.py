@@ -25,6 +25,8 @@ How a device budget ``B`` becomes pools (``plan_pools``), for every cache alike:
   (SGLang's own host tier, HiCache, does not run on the CPU; see ``docs/benchmarks.md``).
 - ``oracle``: the pools of ``no_buffer`` for what its running requests compute; what it caches
   costs nothing (see ``oracle_cache``).
+- ``lru``: the oracle's pools, and what it caches is limited to ``B + H`` bytes of KV (states free,
+  LRU: ``lru_store``); its plan's ``device_bytes`` is that total.
 """
 
 from __future__ import annotations
@@ -38,7 +40,9 @@ MIB = 1 << 20
 PAGE = 64
 # SGLang's fallback for --mamba-full-memory-ratio (sglang/srt/arg_groups/fields/schedule.py).
 DEFAULT_MAMBA_RATIO = 0.9
-CACHES: tuple[str, ...] = ("hybrid", "no_buffer", "extra_buffer", "oracle")
+DEFAULT_CACHES: tuple[str, ...] = ("hybrid", "no_buffer", "extra_buffer", "oracle")
+# ``lru``: the free-state LRU bound (``lru_store``), run only when asked for.
+CACHES: tuple[str, ...] = (*DEFAULT_CACHES, "lru")
 
 
 class PoolPlan(NamedTuple):
@@ -54,6 +58,9 @@ class PoolPlan(NamedTuple):
         kv = self.kv_tokens * geometry.kv_bytes_per_token / GIB
         st = self.state_slots * geometry.state_bytes / GIB
         extra = f", {self.snapshot_slots} snapshot slots" if self.cache == "hybrid" else ""
+        if self.cache == "lru":
+            held = self.device_bytes // geometry.kv_bytes_per_token
+            extra = f"; caches {held} KV tokens, LRU, states free"
         host = f", host {self.host_bytes / GIB:.1f} GiB" if self.host_bytes else ""
         return (
             f"{self.cache}: {self.kv_tokens} KV tokens ({kv:.1f} GiB) + {self.state_slots} "

@@ -20,6 +20,8 @@ cache                     what runs
                           without CUDA (the recipe of ``sglang-cpu-scheduler.md``); nothing is
                           emulated, so its numbers are SGLang's own placement
 ``oracle``                ``oracle_cache.OracleCache`` (``replay_oracle``): infinite memory
+``lru``                   the same backend with ``lru_store``: the free-state LRU bound, KV of
+                          the whole budget (device + host), states free
 ========================  ==================================================================
 
 Contract: ``scheduler_kwargs(plan, chunk=..., max_prefill_tokens=..., context_length=..., **tap
@@ -53,7 +55,7 @@ if TYPE_CHECKING:
 
 BLOCK = 64
 
-PAGE_SIZE = {"hybrid": 1, "no_buffer": 1, "extra_buffer": 64, "oracle": 1}
+PAGE_SIZE = {"hybrid": 1, "no_buffer": 1, "extra_buffer": 64, "oracle": 1, "lru": 1}
 _GATE = "sglang.srt.arg_groups.mamba_hook._platform_supports_mamba_cache_extra_buffer"
 _LONG_CONTEXT_ENV = "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"
 
@@ -114,7 +116,7 @@ def cache_environment(cache: str) -> Iterator[None]:
 # The caches that run SGLang's overlap loop when a replay asks for it (``--overlap``): SGLang's
 # no_buffer strategy refuses overlap scheduling ("no_buffer do not support overlap schedule"), so
 # it always runs without.
-OVERLAP_CACHES = ("hybrid", "extra_buffer", "oracle")
+OVERLAP_CACHES = ("hybrid", "extra_buffer", "oracle", "lru")
 
 
 def scheduler_kwargs(
@@ -171,7 +173,7 @@ def scheduler_kwargs(
         kw["server_args_attrs"] = {"_hybrid_options": opts}
     elif plan.cache == "extra_buffer":
         kw["mamba_radix_cache_strategy"] = "extra_buffer"
-    elif plan.cache == "oracle":
+    elif plan.cache in ("oracle", "lru"):
         kw["radix_cache_backend"] = "replay_oracle"
     return kw
 

@@ -6,8 +6,12 @@ Subcommands:
   write ``report.json``, ``report.md`` and plots to ``--out`` (the markdown also goes to stdout).
   Traces: ``--trace mooncake:PATH``, ``--trace sessions:PATH``, ``--trace agent`` (generated,
   ``--sessions``, ``--session-rate``, ``--seed``), ``--trace shared-prefix`` (bench_serving's
-  generated-shared-prefix shape, ``--gsp-*``).
-- ``generate {agent,shared-prefix} --out FILE``: write a generated workload in the session format.
+  generated-shared-prefix shape, ``--gsp-*``), ``--trace chat`` (hint-less multi-turn chat at
+  load, ``traces/chat_sessions.py``: ``--sessions``, ``--session-rate``), ``--trace prefixes``
+  (prompts re-sending a prefix of an earlier one, ``traces/prefix_resend.py``: ``--requests``,
+  ``--arrival-rate``).
+- ``generate {agent,shared-prefix,chat,prefixes} --out FILE``: write a generated workload in the
+  session format.
 - ``plan``: print how budgets map to each cache's pools.
 - ``live --url URL``: send a trace (``/generate`` with its token ids) or the demo's agent chat
   session (``--trace demo-session``, chat completions) to a running SGLang-compatible server,
@@ -29,7 +33,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from .budget import CACHES, DEFAULT_MAMBA_RATIO, GIB
+from .budget import CACHES, DEFAULT_CACHES, DEFAULT_MAMBA_RATIO, GIB
 from .l3_model import L3_CACHES
 from .trace import Trace, first
 from .warmup import FILL_FACTOR, SLOT_FACTOR
@@ -50,9 +54,18 @@ def _trace_args(p: argparse.ArgumentParser) -> None:
         default=1.0,
         help="multiply Mooncake arrival times (default 1: the trace's own timing)",
     )
-    g.add_argument("--sessions", type=int, default=24, help="agent: sessions (default 24)")
     g.add_argument(
-        "--session-rate", type=float, default=0.1, help="agent: sessions started per second"
+        "--sessions", type=int, default=None, help="agent: sessions (default 24); chat: 400"
+    )
+    g.add_argument(
+        "--session-rate",
+        type=float,
+        default=None,
+        help="agent: sessions started per second (default 0.1); chat: 0.5",
+    )
+    g.add_argument("--requests", type=int, default=1500, help="prefixes: requests (default 1500)")
+    g.add_argument(
+        "--arrival-rate", type=float, default=2.0, help="prefixes: requests per second (2)"
     )
     g.add_argument("--gsp-num-groups", type=int, default=64)
     g.add_argument("--gsp-prompts-per-group", type=int, default=16)
@@ -116,8 +129,22 @@ def _load_trace(spec: str, args: argparse.Namespace) -> Trace:
         from .generators.workload import agent_workload
 
         trace = agent_workload(
-            sessions=args.sessions, session_rate_per_s=args.session_rate, seed=args.seed
+            sessions=24 if args.sessions is None else args.sessions,
+            session_rate_per_s=0.1 if args.session_rate is None else args.session_rate,
+            seed=args.seed,
         )
+    elif kind == "chat":
+        from .traces.chat_sessions import chat_trace
+
+        trace = chat_trace(
+            sessions=400 if args.sessions is None else args.sessions,
+            session_rate_per_s=0.5 if args.session_rate is None else args.session_rate,
+            seed=args.seed,
+        )
+    elif kind == "prefixes":
+        from .traces.prefix_resend import prefix_trace
+
+        trace = prefix_trace(requests=args.requests, rate_per_s=args.arrival_rate, seed=args.seed)
     elif kind == "shared-prefix":
         from .traces.shared_prefix import shared_prefix_trace
 
@@ -134,7 +161,8 @@ def _load_trace(spec: str, args: argparse.Namespace) -> Trace:
         )
     else:
         raise SystemExit(
-            f"--trace {spec!r}: expected mooncake:PATH, sessions:PATH, agent or shared-prefix"
+            f"--trace {spec!r}: expected mooncake:PATH, sessions:PATH, agent, shared-prefix, "
+            "chat or prefixes"
         )
     if args.limit is not None:
         trace = first(trace, args.limit)
@@ -471,12 +499,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--trace",
         required=True,
-        help="mooncake:PATH, sessions:PATH, agent or shared-prefix",
+        help="mooncake:PATH, sessions:PATH, agent, shared-prefix, chat (hint-less multi-turn "
+        "chat at load) or prefixes (prompts re-sending a prefix of an earlier one)",
     )
     run.add_argument(
         "--caches",
-        default=",".join(CACHES),
-        help=f"comma-separated, from {', '.join(CACHES)} (default all)",
+        default=",".join(DEFAULT_CACHES),
+        help=f"comma-separated, from {', '.join(CACHES)} (default {', '.join(DEFAULT_CACHES)}; "
+        "lru is the free-state LRU bound: the budget's bytes, device and host, as KV only)",
     )
     _engine_args(run)
     _warmup_args(run)
@@ -494,7 +524,7 @@ def build_parser() -> argparse.ArgumentParser:
     _budget_args(run)
 
     gen = sub.add_parser("generate", help="write a generated workload as a session trace")
-    gen.add_argument("kind", choices=("agent", "shared-prefix"))
+    gen.add_argument("kind", choices=("agent", "shared-prefix", "chat", "prefixes"))
     gen.add_argument("--out", required=True)
     _trace_args(gen)
 

@@ -59,6 +59,7 @@ from .l3_model import (
     store_capacity_mib,
     store_url,
 )
+from .lru_store import LruPrefixStore
 from .oracle_cache import HIT_ATTR
 from .oracle_store import PrefixStore
 from .progress import Progress
@@ -212,7 +213,11 @@ class _Run:
         self.sched = sched
         self.worker: ReplayWorker = sched.worker
         self.settings = settings
-        self.oracle = PrefixStore() if cache == "oracle" else None
+        self.oracle: PrefixStore | LruPrefixStore | None = None
+        if cache == "oracle":
+            self.oracle = PrefixStore()
+        elif cache == "lru":  # the whole budget's bytes as KV (``budget.plan_pools``)
+            self.oracle = LruPrefixStore(plan.device_bytes // clock.geometry.kv_bytes_per_token)
         self.records: dict[str, RequestRecord] = {}
         self.by_rid: dict[str, TraceRequest] = {}
         self.waiting_on: dict[str, list[str]] = {}

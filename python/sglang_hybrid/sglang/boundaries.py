@@ -30,7 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from ..index import PromptKey, SnapshotKind, TapSource
+from ..index import PromptKey
+from ..index.checkpoint_kinds import checkpoint_kind
 from ..index.durable import set_durable, why_not_pinnable
 from ..index.node import FastResidency
 from ..index.resume_points import ResumePoint, place_cut, resume_points
@@ -45,17 +46,6 @@ SLOTS = "hybrid.slots"
 PIN = "hybrid.pin"
 UNPIN = "hybrid.unpin"
 DEFAULT_SNAP_TOLERANCE = 512  # shared/spec/cache-coherence.md: the harness's default
-
-_ORIGIN = {
-    TapSource.EXPLICIT: "explicit",
-    TapSource.BRANCH: "branch",
-    TapSource.OPENER: "opener",
-    TapSource.STRUCTURAL: "structural",
-    TapSource.AUTOMATIC: "structural",  # protocol-automatic markers plan like structural ones
-    TapSource.FOLLOWUP: "follow-up",
-    TapSource.TAIL: "tail",
-    TapSource.LADDER: "ladder",
-}
 
 
 class QueryError(ValueError):
@@ -234,15 +224,10 @@ def _key(ids: np.ndarray, body: dict[str, Any]) -> PromptKey:
 
 def _point(p: ResumePoint) -> dict[str, Any]:
     s = p.snapshot
-    if s.kind is SnapshotKind.ENDPOINT:
-        kind = "endpoint"
-    elif s.origin:
-        kind = _ORIGIN.get(TapSource(s.origin), "tap")
-    else:
-        kind = "boundary" if s.kind is SnapshotKind.BOUNDARY else "tap"
     return {
         "position": p.position,
-        "kind": kind,
+        # The rule that made it (``index.checkpoint_kinds.CHECKPOINT_KINDS`` names them all).
+        "kind": checkpoint_kind(s.kind, s.origin),
         "tier": p.tier,
         "full_state": True,
         "durable": s.durable,

@@ -29,7 +29,9 @@ from ..index import (
     PromptKey,
     Snapshot,
     SnapshotKind,
+    TapSource,
 )
+from ..index.taps import END_TOKENS
 from ..store.device import DeviceSlots, block_handles, handles_to_slots, slots_to_handle, to_device
 from ..store.handles import device_block_handles
 from .hints import pins_endpoint, tap_hints
@@ -91,8 +93,8 @@ class Publisher:
         if cache.index.split_rule.declined > declined:
             count = cache.index.split_rule.declined - declined
             self.skips.note("split_declined", req.rid, count=count)
-        # The split rule made the exact taps exact (the prompt tail too, with --hybrid-tail-tap
-        # exact) and moved those whose split does not pay to the grid (index/split_rule.py).
+        # The split rule kept the exact taps whose split pays and moved the others (and, with
+        # --hybrid-tail-tap flexible, the prompt tail) to the grid (index/split_rule.py).
         state.cuts = [t.position for t in taps if t.exact]
         state.flexible = [t.position for t in taps if t.position not in state.cuts]
         state.boundary = {t.position for t in taps if t.boundary}
@@ -104,6 +106,8 @@ class Publisher:
             base = source.frontier if source is not None else 0
             state.demand = cache.coalescer.cuts_for(req.rid, pkey, base)
             if state.demand:
+                for p in state.demand:
+                    state.origin.setdefault(p, int(TapSource.COALESCE))
                 state.cuts = sorted({*state.cuts, *state.demand})
                 state.flexible = [p for p in state.flexible if p not in state.demand]
                 state.boundary.update(state.demand)
@@ -442,7 +446,7 @@ class Publisher:
             and f == live
             and state.rounds_launched <= state.rounds_processed
             and f >= gap
-            and f - self._deepest(lane, f) >= gap
+            and self._spaced(lane, f, gap)
         ):
             slot = self.cache.index.reserve_slot(lane, f, SnapshotKind.ENDPOINT)
             if slot is not None:
@@ -491,15 +495,25 @@ class Publisher:
         return DeviceSlots((firsts_d[:, None] + offs[None, :]).reshape(-1))
 
     @staticmethod
-    def _deepest(lane: Lane, f: int) -> int:
-        """Frontier of the deepest snapshot on the lane's path below ``f`` (0: none)."""
-        best = lane.resumed_from.frontier if lane.resumed_from is not None else 0
-        if lane.last_tap is not None:
-            best = max(best, lane.last_tap.frontier)
+    def _spaced(lane: Lane, f: int, gap: int) -> bool:
+        """An endpoint at ``f`` is ``gap`` tokens past every snapshot on the lane's path below
+        it (§7.7), except a prompt-tail tap (issue #37), which it need only pass by more than
+        END_TOKENS: the tail serves a re-sent prompt, the endpoint one that continues past the
+        answer, so a short answer keeps both (GDSF values the endpoint by the few tokens it
+        saves over the tail)."""
+        tail, tail_gap = TapSource.TAIL, min(gap, END_TOKENS + 1)
+
+        def too_close(s: Snapshot) -> bool:
+            d = f - s.frontier
+            return d > 0 and d < (tail_gap if s.origin == tail else gap)
+
+        for s in (lane.resumed_from, lane.last_tap):
+            if s is not None and too_close(s):
+                return False
         for node in reversed(lane.path):
-            if f - node.end >= BLOCK_TOKENS:  # anything shallower is far enough anyway
+            if f - node.end >= gap:  # anything shallower is far enough anyway
                 break
             for s in node.snapshots or ():
-                if s.frontier < f:
-                    best = max(best, s.frontier)
-        return best
+                if too_close(s):
+                    return False
+        return True
