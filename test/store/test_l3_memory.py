@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sglang_hybrid.store.l3.backend import FAILED, MISSING, L3ConfigError, open_backend, parse_url
+from sglang_hybrid.store.l3.backend import FAILED, MISSING, L3ConfigError, parse_url
+from sglang_hybrid.store.l3.connect import open_backend
 from sglang_hybrid.store.l3.jobs import ClockedJobQueue, Job, JobCost
 from sglang_hybrid.store.l3.memory import drop
 

@@ -505,8 +505,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--caches",
         default=",".join(DEFAULT_CACHES),
-        help=f"comma-separated, from {', '.join(CACHES)} (default {', '.join(DEFAULT_CACHES)}; "
-        "lru is the free-state LRU bound: the budget's bytes, device and host, as KV only)",
+        help=f"comma-separated, from {', '.join((*CACHES, *L3_CACHES))} (default "
+        f"{', '.join(DEFAULT_CACHES)}; lru is the free-state LRU bound: the budget's bytes, device "
+        "and host, as KV only; the L3 caches need --host-gib and --l3-gib)",
     )
     _engine_args(run)
     _warmup_args(run)

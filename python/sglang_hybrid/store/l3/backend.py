@@ -128,18 +128,3 @@ class L3Backend(ABC):
 
     def close(self) -> None:
         return None
-
-
-def open_backend(url: L3Url, *, tp_rank: int, tp_size: int) -> L3Backend:
-    """Connect (blocking: call it on an L3 thread). Raises :class:`L3Unavailable`."""
-    if url.scheme == "mooncake":
-        from .mooncake import MooncakeBackend
-
-        return MooncakeBackend(url)
-    if url.scheme == "memory":
-        from .memory import MemoryBackend
-
-        return MemoryBackend(url)
-    from .file import FileBackend
-
-    return FileBackend(url, tp_rank=tp_rank, tp_size=tp_size)

@@ -22,7 +22,8 @@ from ...index.keys import BLOCK_BYTES, BLOCK_TOKENS
 from ...index.l3_keys import KeySpace, ProbePlan, chain_digests, snapshot_digest
 from ...index.l3_keys import snapshot_candidates as candidates
 from ..host_memory import HostMemory
-from .backend import L3Backend, L3Url, open_backend
+from .backend import L3Backend, L3Url
+from .connect import open_backend
 from .jobs import Job
 from .objects import (
     HEADER_BYTES,
