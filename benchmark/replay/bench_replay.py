@@ -74,6 +74,31 @@ RUNS: dict[str, list[str]] = {
         "--host-gib=96",
         f"--caches={ALL}",
     ],
+    # L3 as a third tier (issue #39): hybrid with a small host tier (16 GiB device + 16 GiB host)
+    # alone and with a shared store of 256 GiB behind it, its transfers timed at Mooncake's
+    # published RoCE and TCP rates (replay/l3_model.py); the report's L3 table says what writing
+    # at host eviction would have written instead of writing through.
+    "mooncake-l3": [
+        *MC_X4,
+        *NEXT_H200,
+        "--budget-gib",
+        "16",
+        "--host-gib=16",
+        "--l3-gib=256",
+        "--caches=hybrid,hybrid+l3-tcp,hybrid+l3-rdma",
+    ],
+    # Hint-less multi-turn chat at load (issue #37): hybrid with a host tier against SGLang's
+    # caches on the same bytes and the free-state LRU bound (the budget's bytes as KV, states
+    # free).
+    "chat-host": [
+        "--trace=chat",
+        "--geometry=qwen3.5-27b",
+        "--device=h200",
+        "--budget-gib",
+        "32",
+        "--host-gib=96",
+        f"--caches={ALL},lru",
+    ],
     # Host tier on: hybrid gets 16 GiB device + 48 GiB host, SGLang's caches 64 GiB device.
     "agent-host": [*AGENT, "--budget-gib", "16", "--host-gib=48", f"--caches={ALL}"],
     # The generated agent workload on a 27B-class hybrid, over budgets up to one that holds

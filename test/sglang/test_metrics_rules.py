@@ -8,26 +8,27 @@ from types import SimpleNamespace
 import pytest
 
 from sglang_hybrid.index import SnapshotKind, TapSource
+from sglang_hybrid.index import checkpoint_kinds as kinds
 from sglang_hybrid.index.match import Match
-from sglang_hybrid.sglang import boundaries, kinds
+from sglang_hybrid.sglang import boundaries
 from sglang_hybrid.sglang.metrics import SERIES, SHORT_REASONS, short_resume_reason
 
 
 def test_every_tap_rule_has_a_kind_name() -> None:
-    assert set(kinds.ORIGIN_NAMES) == set(TapSource)
-    assert len(kinds.KINDS) == len(set(kinds.KINDS))
+    assert set(kinds.SOURCE_NAMES) == set(TapSource)
+    assert len(kinds.CHECKPOINT_KINDS) == len(set(kinds.CHECKPOINT_KINDS))
 
 
 @pytest.mark.parametrize("kind", list(SnapshotKind))
 @pytest.mark.parametrize("origin", [0, *[int(t) for t in TapSource]])
 def test_the_api_and_the_metrics_name_a_snapshot_alike(kind: SnapshotKind, origin: int) -> None:
-    """``boundaries._point`` (the API) and ``kinds.kind_name`` (the gauge's label) agree, and
+    """``boundaries._point`` (the API) and ``checkpoint_kind`` (the gauge's label) agree, and
     the name is one the gauge exports from the start."""
     s = SimpleNamespace(kind=kind, origin=origin, durable=False)
     point = SimpleNamespace(position=64, tier="device", snapshot=s)
-    name = kinds.kind_name(s)
+    name = kinds.checkpoint_kind(s.kind, s.origin)
     assert boundaries._point(point)["kind"] == name
-    assert name in kinds.KINDS
+    assert name in kinds.CHECKPOINT_KINDS
 
 
 def test_series_measure_one_quantity_each() -> None:
@@ -86,3 +87,57 @@ def test_why_a_request_resumed_short(handle, state, seen, want) -> None:
     got = short_resume_reason(handle, state, seen)
     assert got == want
     assert got[0] in SHORT_REASONS
+
+
+def test_l3_series_mirror_the_l3_counters() -> None:
+    """The L3 series follow the cache's agreed L3 counters and the rank's own (a fake cache with
+    the L3 tier's counter names; a private registry): lookups split into hit / miss, refusals
+    by reason, l3_up from the breaker; and they advance by the change, as the others do."""
+    from prometheus_client import CollectorRegistry
+
+    from sglang_hybrid.sglang.l3_tier import L3Counters, LocalCounters
+    from sglang_hybrid.sglang.metrics import PREFIX, CacheMetrics
+
+    agreed = {f"l3_{k}": 0 for k in L3Counters.__dataclass_fields__}
+    local = {f"l3_{k}": 0 for k in LocalCounters.__dataclass_fields__}
+    local.update(l3_on=1, l3_offs=0, l3_put_bytes=0)
+
+    class L3:
+        def local_stats(self) -> dict[str, int]:
+            return dict(local)
+
+    slots = SimpleNamespace(n=4, free=4)
+    cache = SimpleNamespace(
+        l3=L3(),
+        stats=lambda: dict(agreed),
+        index=SimpleNamespace(slots=slots, host=None, snapshots={}),
+    )
+    reg = CollectorRegistry()
+    m = CacheMetrics({"tp_rank": 0}, registry=reg)
+
+    def value(name: str, **labels: str) -> float:
+        v = reg.get_sample_value(
+            PREFIX + name, {"model_name": m.labels["model_name"], "tp_rank": "0", **labels}
+        )
+        assert v is not None, (name, labels)
+        return v
+
+    m.refresh(cache)
+    assert value("l3_up") == 1 and value("l3_lookups_total", result="miss") == 0
+    agreed.update(l3_lookups=5, l3_lookup_hits=2, l3_skipped_off=1, l3_fetches_landed=2)
+    agreed.update(l3_fetched_tokens=640)
+    local.update(l3_on=0, l3_offs=1, l3_put_bytes=4096, l3_refused_corrupt=1)
+    m.refresh(cache)
+    assert value("l3_lookups_total", result="hit") == 2
+    assert value("l3_lookups_total", result="miss") == 3
+    assert value("l3_lookups_total", result="skipped_off") == 1
+    assert value("l3_fetches_total", result="landed") == 2
+    assert value("l3_fetched_tokens_total") == 640
+    assert value("l3_written_bytes_total") == 4096
+    assert value("l3_refused_objects_total", reason="corrupt") == 1
+    assert value("l3_refused_objects_total", reason="foreign") == 0
+    assert value("l3_off_events_total") == 1 and value("l3_up") == 0
+    agreed.update(l3_lookups=6)
+    m.refresh(cache)  # advances by the change only
+    assert value("l3_lookups_total", result="miss") == 4
+    assert value("l3_lookups_total", result="hit") == 2

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..index import BLOCK_TOKENS
-from .kinds import KINDS, kind_name
+from ..index.checkpoint_kinds import CHECKPOINT_KINDS, checkpoint_kind
 
 # The snapshot census walks every snapshot: at each release while there are at most CENSUS_SMALL
 # of them (~100 us), else every CENSUS releases.
@@ -55,6 +55,8 @@ SHORT_REASONS = (
     "no_state_slot",
 )
 TIERS = ("device", "host")
+# Why an object fetched from L3 was not taken (``store/l3/objects.Refusal``, lower-cased).
+L3_REFUSALS = ("missing", "truncated", "corrupt", "foreign", "misplaced", "error")
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +100,7 @@ SERIES: tuple[Series, ...] = (
         "State snapshots held, by kind (why it exists, as /hybrid/boundaries names it) and tier "
         "(device: its state image is on the device; host: on the host only)",
         ("kind", "tier"),
-        tuple((k, t) for k in KINDS for t in TIERS),
+        tuple((k, t) for k in CHECKPOINT_KINDS for t in TIERS),
     ),
     Series(
         "device_snapshot_slots_used",
@@ -166,6 +168,52 @@ SERIES: tuple[Series, ...] = (
         "counter",
         "Scheduler passes a coalescing request spent held, summed over requests",
     ),
+    # L3 (--hybrid-l3, docs/l3.md); all 0 on a server without it.
+    Series(
+        "l3_up",
+        "gauge",
+        "1 while the shared L3 store is in use, 0 while it is off after failures or without "
+        "--hybrid-l3",
+    ),
+    Series(
+        "l3_off_events_total",
+        "counter",
+        "Times L3 was turned off after the store failed or timed out (retried with backoff)",
+    ),
+    Series(
+        "l3_lookups_total",
+        "counter",
+        "Waiting requests looked up in L3, by result (hit: a deeper state than the local one "
+        "found on every TP rank; miss; skipped_off: not looked up while L3 was off)",
+        ("result",),
+        (("hit",), ("miss",), ("skipped_off",)),
+    ),
+    Series(
+        "l3_fetches_total",
+        "counter",
+        "L3 hits fetched into the host tier, by result (landed; failed: refused or failed on "
+        "some rank, recomputed; no_room: the host tier could not reserve slabs)",
+        ("result",),
+        (("landed",), ("failed",), ("no_room",)),
+    ),
+    Series(
+        "l3_fetched_tokens_total",
+        "counter",
+        "Prompt tokens past the local tree that requests resumed from L3's states and blocks",
+    ),
+    Series(
+        "l3_written_bytes_total",
+        "counter",
+        "Bytes of KV blocks and state images this rank wrote to L3",
+    ),
+    Series(
+        "l3_refused_objects_total",
+        "counter",
+        "Objects fetched from L3 and not taken, by why (missing, truncated, corrupt, foreign: "
+        "another model, layout, TP rank or version, misplaced, error)",
+        ("reason",),
+        tuple((r,) for r in L3_REFUSALS),
+    ),
 )
 # (series, label values, the cache.stats() fields whose sum it mirrors)
 _MIRRORED: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
@@ -181,6 +229,16 @@ _MIRRORED: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("coalesce_held_passes_total", (), ("coalesce_holds",)),
     ("host_tier_written_bytes_total", (), ("host_written_bytes",)),
     ("host_tier_restored_bytes_total", (), ("host_restored_bytes",)),
+    ("l3_off_events_total", (), ("l3_offs",)),
+    ("l3_lookups_total", ("hit",), ("l3_lookup_hits",)),
+    ("l3_lookups_total", ("miss",), ("l3_lookup_misses",)),
+    ("l3_lookups_total", ("skipped_off",), ("l3_skipped_off",)),
+    ("l3_fetches_total", ("landed",), ("l3_fetches_landed",)),
+    ("l3_fetches_total", ("failed",), ("l3_fetch_failed",)),
+    ("l3_fetches_total", ("no_room",), ("l3_no_room",)),
+    ("l3_fetched_tokens_total", (), ("l3_fetched_tokens",)),
+    ("l3_written_bytes_total", (), ("l3_put_bytes",)),
+    *(("l3_refused_objects_total", (r,), (f"l3_refused_{r}",)) for r in L3_REFUSALS),
 )
 
 
@@ -235,8 +293,12 @@ def short_resume_reason(handle: Any, state: Any, anchors_seen: Any = ()) -> tupl
 class CacheMetrics:
     """The cache's series for one scheduler rank (see the module docstring)."""
 
-    def __init__(self, labels: dict[str, Any]) -> None:
-        from prometheus_client import Counter, Gauge
+    def __init__(self, labels: dict[str, Any], registry: Any = None) -> None:
+        """``registry``: prometheus_client's default (SGLang's multiprocess collector reads it)
+        unless a test passes its own."""
+        from prometheus_client import REGISTRY, Counter, Gauge
+
+        registry = REGISTRY if registry is None else registry
 
         # SGLang's cache collector labels ranks only; its scheduler's series also carry
         # ``model_name``, which dashboards select by: ours carry it too.
@@ -248,13 +310,14 @@ class CacheMetrics:
         for s in SERIES:
             metric: Counter | Gauge
             if s.type == "counter":
-                metric = Counter(PREFIX + s.name, s.help, names + list(s.labels))
+                metric = Counter(PREFIX + s.name, s.help, names + list(s.labels), registry=registry)
             else:
                 metric = Gauge(
                     PREFIX + s.name,
                     s.help,
                     names + list(s.labels),
                     multiprocess_mode="mostrecent",
+                    registry=registry,
                 )
             self.series[s.name] = metric
             for values in s.values:  # every known label value, exported at 0 from the start
@@ -290,7 +353,13 @@ class CacheMetrics:
         self.refresh(cache, census=small or self._releases % CENSUS == 1)
 
     def refresh(self, cache: Any, *, census: bool = True) -> None:
-        stats = cache.stats()
+        stats = dict(cache.stats())
+        l3 = getattr(cache, "l3", None)
+        if l3 is not None:  # this rank's own L3 counters (writes, refusals, on/off)
+            stats.update(l3.local_stats())
+            # A lookup is a hit or a miss; the index counts lookups and hits.
+            stats["l3_lookup_misses"] = stats.get("l3_lookups", 0) - stats.get("l3_lookup_hits", 0)
+        self.child("l3_up").set(int(stats.get("l3_on", 0)))
         for name, values, fields in _MIRRORED:
             total = sum(int(stats.get(f, 0)) for f in fields)
             delta = total - self._seen.get((name, values), 0)
@@ -309,11 +378,11 @@ class CacheMetrics:
             self._census(cache)
 
     def _census(self, cache: Any) -> None:
-        counts = dict.fromkeys(((k, t) for k in KINDS for t in TIERS), 0)
+        counts = dict.fromkeys(((k, t) for k in CHECKPOINT_KINDS for t in TIERS), 0)
         seen = self.anchors_seen
         for s in cache.index.snapshots.values():
             tier = "device" if s.image_on_device else "host"
-            counts[(kind_name(s), tier)] += 1
+            counts[(checkpoint_kind(s.kind, s.origin), tier)] += 1
             if not s.anchor.is_root:
                 h = s.anchor.lookup_hash
                 seen.pop(h, None)
