@@ -99,6 +99,17 @@ RUNS: dict[str, list[str]] = {
         "--host-gib=96",
         f"--caches={ALL},lru",
     ],
+    # Prompts re-sending a prefix of an earlier one (issue #37: whole 512-token blocks, a prefix
+    # and a new question, a prompt without its last message), hint-less, device only.
+    "prefixes": [
+        "--trace=prefixes",
+        "--geometry=qwen3.5-27b",
+        "--device=h200",
+        "--budget-gib",
+        "16",
+        "32",
+        f"--caches={ALL}",
+    ],
     # Host tier on: hybrid gets 16 GiB device + 48 GiB host, SGLang's caches 64 GiB device.
     "agent-host": [*AGENT, "--budget-gib", "16", "--host-gib=48", f"--caches={ALL}"],
     # The generated agent workload on a 27B-class hybrid, over budgets up to one that holds
