@@ -12,7 +12,18 @@ from sglang_hybrid.replay.live import LiveResult
 
 def _run(name: str, cached: list[int], outputs: list[str], error: str | None = None) -> CacheRun:
     results = [
-        LiveResult(f"r{i}", "what", None, i, 1000, c, 4, out, ttft_s=0.5, latency_s=1.0)
+        LiveResult(
+            f"r{i}",
+            "what",
+            None,
+            i,
+            prompt_tokens=1000,
+            cached_tokens=c,
+            completion_tokens=4,
+            output=out,
+            ttft_s=0.5,
+            latency_s=1.0,
+        )
         for i, (c, out) in enumerate(zip(cached, outputs, strict=True))
     ]
     results[-1].error = error

@@ -133,12 +133,13 @@ def test_the_planner_calls_the_rule_once_per_plan() -> None:
         taps = planner.plan(6000, 0, hints)
         return [(t.position, t.exact) for t in taps if t.source is not TapSource.LADDER]
 
-    assert planned() == [(5010, True), (5952, False)]
+    assert planned() == [(5010, True), (5999, True)]  # the tail at n - 1 (issue #37)
     planner.split_rule = rule = SplitRule(COST, grid=64, exact_tail=True)
     for _ in range(500):
         rule.hits.note_published(OPENER)
-    # The opener moved to 4992 (flexible); the tail at floor64(5999) = 5952 is on the grid.
-    assert planned() == [(4992, False), (5952, True)]
+    # The opener moved to 4992 (flexible); the tail at 5999 is off the grid the worker captures
+    # on, and its split pays at the prior rate (a repeat resumes 47 tokens past 5952).
+    assert planned() == [(4992, False), (5999, True)]
     assert rule.declined == 1
 
 

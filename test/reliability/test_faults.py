@@ -96,7 +96,7 @@ def test_host_memory_failing_at_startup_refuses_cleanly(build, monkeypatch) -> N
     rng = random.Random(1)
     p = toks(rng, 300)
     run_exact(h, p, 4, "a-0")
-    assert run_exact(h, p, 4, "a-1").cached_tokens == 256  # the prompt-tail tap
+    assert run_exact(h, p, 4, "a-1").cached_tokens == 299  # the prompt-tail tap at n - 1
 
 
 # ==================================================================== (b) failing host copies
@@ -156,8 +156,8 @@ def test_a_restore_copy_failing_recomputes(build, monkeypatch, page, level, k, s
     h = host_build(build, page)
     rng = random.Random(100 + k)
     (p, out, _), (p2, out2, end2) = evicted_conversations(h, rng, 2, "rf")
-    if source == "device":  # a request sharing 150 tokens leaves a tap at 128 on the device
-        run_exact(h, p[:150] + toks(rng, 40), 4, "rf-share")
+    if source == "device":  # p's first 129 tokens leave their prompt-tail tap (n - 1 = 128)
+        run_exact(h, p[:129], 4, "rf-share")  # on the device, on p's path
     skips = h.cache.skips.counts
     before = skips["restore_abandoned"]
     fault = FailingCopies("restore", lambda i: i == k, level=level)
@@ -321,7 +321,7 @@ def sweep(build, monkeypatch, pool: str, site: str, modes: list[tuple[str, Any]]
         # The scheduler keeps serving with reuse.
         p = toks(rng, 200)
         h.run(p, max_new=2, rid=f"x{label}-after-0")
-        assert h.run(p, max_new=2, rid=f"x{label}-after-1").cached_tokens == 192
+        assert h.run(p, max_new=2, rid=f"x{label}-after-1").cached_tokens == 199  # n - 1
     return crashes
 
 

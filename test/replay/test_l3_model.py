@@ -18,14 +18,22 @@ GIB = 1 << 30
 
 @pytest.fixture(scope="module")
 def evicted_prefix_trace(tmp_path_factory):  # type: ignore[no-untyped-def]
-    """A 1,536-token prompt, 30 unrelated ones (46k tokens: more than the device and the host
-    hold), then a prompt continuing the first: only a store behind the host still has it."""
+    """A 1,536-token prompt, 30 unrelated ones each sent twice (46k tokens: more than the device
+    and the host hold), then a prompt continuing the first: only a store behind the host still
+    has it. Twice, so that they are used more often than the first one: the tiers' scan
+    resistance (``index/newcomers.py``) keeps a resident against newcomers used no more often."""
     rows = [{"timestamp": 0, "input_length": 1536, "output_length": 4, "hash_ids": [1, 2, 3]}]
     for i in range(30):
         ids = [100 + 3 * i, 101 + 3 * i, 102 + 3 * i]
-        rows.append(
-            {"timestamp": 1000 + 500 * i, "input_length": 1536, "output_length": 2, "hash_ids": ids}
-        )
+        for t in (0, 250):
+            rows.append(
+                {
+                    "timestamp": 1000 + 500 * i + t,
+                    "input_length": 1536,
+                    "output_length": 2,
+                    "hash_ids": ids,
+                }
+            )
     rows.append(
         {"timestamp": 20_000, "input_length": 2000, "output_length": 2, "hash_ids": [1, 2, 3, 4]}
     )

@@ -357,24 +357,27 @@ class _InlineQueueBefore35:
 @pytest.mark.parametrize("before_fix", [True, False], ids=["before-fix", "today"])
 def test_stream_sanitizer_catches_defect_3(build, before_fix: bool) -> None:
     """``--hybrid-host-copy inline`` with a cache file: the save drains the host tier and reads
-    the pinned slabs. Before the fix the inline queue reported device-to-host copies done when
-    they were launched, so that read raced the copies; today it waits for each operation."""
+    the pinned slabs. Before the fix the inline queue ran each copy on the caller's stream with
+    nothing ordering it after the forward (under the overlap loop the write-through's read of the
+    KV rows raced the forward's write of them) and reported device-to-host copies done when they
+    were launched (the save's read of the slabs raced the copies); the model stops at the first
+    of the two. Today each operation is ordered after the forward and waited for."""
     m = StreamModel(fail_on_sync=False)
     h = _overlap(build, m, opts={"host_cache_mib": 16, "host_copy": "inline"})
     host = h.cache.host_tier
     if before_fix:
         host.queue = _InlineQueueBefore35()
     a = _prompt(3, 300)
-    h.run(a, max_new=8)  # write-through at release: device -> pinned slabs
-    assert host.written_bytes > 0
 
-    def save() -> None:  # what persistence.save does (persistence.py): drain, then read
-        host.drain()
+    def run_and_save() -> None:
+        h.run(a, max_new=8)  # write-through at release: device -> pinned slabs
+        assert host.written_bytes > 0
+        host.drain()  # what persistence.save does (persistence.py): drain, then read
         for chunk in host.memory.chunks:
             chunk.numpy()
 
     if before_fix:
-        with pytest.raises(StreamViolation, match=r"\[race\].*host"):
-            save()
+        with pytest.raises(StreamViolation, match=r"\[race\]"):
+            run_and_save()
     else:
-        save()
+        run_and_save()
