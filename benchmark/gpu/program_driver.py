@@ -40,7 +40,7 @@ def drive(
                         attrs["kv_hints"] = hints_envelope(r.hints)
                     if r.disabled:
                         attrs["skip_radix_cache_insert"] = True
-                    if r.rid.startswith("rt-"):  # the retraction program decodes to the end
+                    if r.to_length:
                         attrs["sampling_overrides"] = {"ignore_eos": True}
                     reqs[r.rid] = sched.submit(r.rid, r.ids, r.max_new, **attrs)
                     asked[r.rid] = r

@@ -500,7 +500,7 @@ def retraction(chat: Any, rng: random.Random, quick: bool = False) -> Any:
     n, new = RETRACT["quick_lengths" if quick else "lengths"]
     a = [rng.randrange(20, 1500) for _ in range(n)]
     b = [rng.randrange(20, 1500) for _ in range(n)]
-    yield Wave([Req("rt-0", a, new), Req("rt-1", b, new)])
+    yield Wave([Req("rt-0", a, new, to_length=True), Req("rt-1", b, new, to_length=True)])
 
 
 def plan(quick: bool) -> dict[str, list[str]]:

@@ -123,6 +123,8 @@ def run_config(make_scheduler, model_dir: Path, chat: Chat, name: str) -> Run:
                         attrs["kv_hints"] = hints_envelope(r.hints)
                     if r.disabled:
                         attrs["skip_radix_cache_insert"] = True
+                    if r.to_length:
+                        attrs["sampling_overrides"] = {"ignore_eos": True}
                     run.reqs[r.rid] = sched.submit(r.rid, r.ids, r.max_new, **attrs)
                     run.asked[r.rid] = r
                 if pname == "disabled_request" and step.reqs[0].disabled:

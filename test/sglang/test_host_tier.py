@@ -55,6 +55,41 @@ def test_a_conversation_evicted_from_the_device_resumes_from_host(build, page: i
     h.s.on_idle()
 
 
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_short_answer_stopped_by_a_token_resumes_from_its_endpoint_on_host(
+    build, overlap: bool
+) -> None:
+    """The GPU check's ``host_only_restore`` as its bf16 run played it (stage B): a 400-token
+    prompt answered in 43 tokens, ended by a stop token, the device emptied, the next turn
+    continuing past the answer. The endpoint (442, 443 under overlap: SGLang ran the stop
+    token's extra decode) is 58 tokens past the prompt's block grid (384): while the prompt's
+    tail tap sat on that grid, spec §7.7's spacing (an endpoint >= 64 past the deepest state
+    below) withheld the endpoint, and the next turn resumed at 384 from the host. The tail tap
+    at n - 1 (issue #37) lets an endpoint more than END_TOKENS past it be published, and written
+    through: the next turn resumes at the endpoint from the host alone."""
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
+    from sglang_hybrid.index import SnapshotKind
+
+    h = host(build, chunk=128, opts={"tap_mode": "split"}, disable_overlap_schedule=not overlap)
+    cache = h.cache
+    prompt = toks(400)
+    out = h.run_to_stop("short", prompt, 42)
+    end = len(prompt) + 42 + (1 if overlap else 0)
+    ends = [s for s in cache.index.snapshots.values() if s.kind is SnapshotKind.ENDPOINT]
+    assert [s.frontier for s in ends] == [end]
+    assert ends[0].image_on_host  # written through at finish
+    cache.evict(EvictParams(num_tokens=1 << 30))  # the device forgets everything unpinned
+    for s in list(cache.index.snapshots.values()):
+        if s.image_on_host and s.image_on_device and not s.restore_pins:
+            cache.index.drop_image_device(s)
+    assert not ends[0].image_on_device
+    r = h.run(prompt + out + toks(20), max_new=4)  # the worker checks the restored state
+    assert r.cached_tokens == end
+    assert cache.host_tier.restored_bytes > 0
+    h.s.on_idle()
+
+
 def test_restored_bytes_are_reported_with_cached_tokens(build) -> None:
     from sglang.srt.managers.scheduler_components.output_streamer import (
         SchedulerOutputStreamer,
