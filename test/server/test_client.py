@@ -68,13 +68,15 @@ def test_it_retries_until_the_server_is_up(late_server) -> None:
     assert up.is_set()
 
 
-def test_it_gives_up_after_its_retries(late_server) -> None:
-    port, _ = late_server
+def test_it_gives_up_after_its_retries() -> None:
+    # A port nothing listens on (not the late server: on a loaded machine two attempts may
+    # outlast its 0.8 s and find it up). Bounded: two attempts and one backoff, not a hang.
+    port = free_port()
     t0 = time.monotonic()
     c = HybridClient(f"http://127.0.0.1:{port}", retries=1, backoff_s=0.05)
     with c, pytest.raises(ServerUnavailable, match="unreachable after 2 attempts") as info:
         c.props()
-    assert info.value.status == 0 and time.monotonic() - t0 < 0.8
+    assert info.value.status == 0 and time.monotonic() - t0 < 10
 
 
 def test_errors_in_every_shape_and_a_timeout(late_server) -> None:
