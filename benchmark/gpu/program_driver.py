@@ -21,8 +21,6 @@ def drive(
     from programs import Cancel, EvictDevice, Wave
     from sglang.srt.mem_cache.base_prefix_cache import EvictParams
 
-    from sglang_hybrid.sglang.chat_hints import hints_envelope
-
     results: dict[str, Any] = {}
     reqs: dict[str, Any] = {}
     asked: dict[str, Any] = {}
@@ -35,14 +33,7 @@ def drive(
         while True:
             if isinstance(step, Wave):
                 for r in step.reqs:
-                    attrs: dict[str, Any] = {}
-                    if r.hints:
-                        attrs["kv_hints"] = hints_envelope(r.hints)
-                    if r.disabled:
-                        attrs["skip_radix_cache_insert"] = True
-                    if r.to_length:
-                        attrs["sampling_overrides"] = {"ignore_eos": True}
-                    reqs[r.rid] = sched.submit(r.rid, r.ids, r.max_new, **attrs)
+                    reqs[r.rid] = sched.submit(r.rid, r.ids, r.max_new, **r.submit_attrs())
                     asked[r.rid] = r
                 sched.run_until_idle()
             elif isinstance(step, Cancel):

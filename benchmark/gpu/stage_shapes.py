@@ -212,7 +212,9 @@ def one_case(ctx: Ctx, model: str, shape: ModelShape, tp: int, page: int) -> dic
         timer = Timer(cache.host_tier, ctx.device)
         rng = torch.Generator().manual_seed(tp * 100 + page)
         prompt = torch.randint(10, 2000, (prompt_len,), generator=rng).tolist()
-        sched.submit("a", prompt, 2)
+        # 24 tokens out (to length): an endpoint is published only more than END_TOKENS (16)
+        # past the prompt-tail tap at n - 1 (issue #37); a 2-token answer resumes at n - 1.
+        sched.submit("a", prompt, 24, sampling_overrides={"ignore_eos": True})
         sched.run_until_idle()
         first = sched.results()["a"]
         cache.evict(EvictParams(num_tokens=1 << 30))  # every device copy backed on the host

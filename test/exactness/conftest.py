@@ -16,8 +16,6 @@ from typing import Any
 import pytest
 from programs import CHUNK, LADDER, MIN_GAP, PROGRAMS, TAPS, Cancel, Chat, EvictDevice, Req, Wave
 
-from sglang_hybrid.sglang.chat_hints import hints_envelope
-
 BASE = dict(
     page_size=1,
     chunked_prefill_size=CHUNK,
@@ -118,14 +116,7 @@ def run_config(make_scheduler, model_dir: Path, chat: Chat, name: str) -> Run:
         while True:
             if isinstance(step, Wave):
                 for r in step.reqs:
-                    attrs = {}
-                    if r.hints:
-                        attrs["kv_hints"] = hints_envelope(r.hints)
-                    if r.disabled:
-                        attrs["skip_radix_cache_insert"] = True
-                    if r.to_length:
-                        attrs["sampling_overrides"] = {"ignore_eos": True}
-                    run.reqs[r.rid] = sched.submit(r.rid, r.ids, r.max_new, **attrs)
+                    run.reqs[r.rid] = sched.submit(r.rid, r.ids, r.max_new, **r.submit_attrs())
                     run.asked[r.rid] = r
                 if pname == "disabled_request" and step.reqs[0].disabled:
                     run.cache["disabled_before"] = _counts(sched)

@@ -34,6 +34,18 @@ class Req:
     # (the GPU check's bf16 run stopped ho-1 after 43 tokens, the float32 suite never does).
     to_length: bool = False
 
+    def submit_attrs(self) -> dict[str, Any]:
+        """What the scheduler's ``submit`` takes for this request beyond ids and max_new (the
+        suite's driver and the GPU check's, alike)."""
+        attrs: dict[str, Any] = {}
+        if self.hints:
+            attrs["kv_hints"] = hints_envelope(self.hints)
+        if self.disabled:
+            attrs["skip_radix_cache_insert"] = True
+        if self.to_length:
+            attrs["sampling_overrides"] = {"ignore_eos": True}
+        return attrs
+
 
 @dataclass
 class Wave:

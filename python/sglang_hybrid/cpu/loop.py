@@ -114,17 +114,8 @@ class InProcessScheduler:
         **server_args_overrides: Any,
     ) -> None:
         self.stream_model = stream_model
-        if stream_model is None:
-            self._build(
-                model_path,
-                worker,
-                record_logits,
-                worker_class,
-                server_args_attrs,
-                server_args_overrides,
-            )
-            return
-        stream_model.__enter__()
+        if stream_model is not None:
+            stream_model.__enter__()
         try:
             self._build(
                 model_path,
@@ -134,11 +125,13 @@ class InProcessScheduler:
                 server_args_attrs,
                 server_args_overrides,
             )
-            from sglang_hybrid.cpu.stream_model.scheduler import attach
+            if stream_model is not None:
+                from sglang_hybrid.cpu.stream_model.scheduler import attach
 
-            attach(stream_model, self.scheduler)
+                attach(stream_model, self.scheduler)
         except BaseException:
-            stream_model.__exit__(None, None, None)
+            if stream_model is not None:
+                stream_model.__exit__(None, None, None)
             raise
 
     def _build(

@@ -154,7 +154,8 @@ class SplitRule:
                 if q > base and all(t.position != q for t in out):
                     out.append(Tap(q, False, tap.boundary, tap.source))
                 continue
-            exact = tap.exact or tap.source is TapSource.TAIL  # (exact_tail here)
+            # A tail reaching here is exact (``exact_tail``), whatever the planner floored.
+            exact = tap.exact or tap.source is TapSource.TAIL
             if not exact or self.captures(p, base):
                 out.append(tap._replace(exact=exact))
                 continue

@@ -353,10 +353,9 @@ class CacheMetrics:
         self.refresh(cache, census=small or self._releases % CENSUS == 1)
 
     def refresh(self, cache: Any, *, census: bool = True) -> None:
-        stats = dict(cache.stats())
-        l3 = getattr(cache, "l3", None)
-        if l3 is not None:  # this rank's own L3 counters (writes, refusals, on/off)
-            stats.update(l3.local_stats())
+        stats = cache.stats()  # a fresh dict
+        if cache.l3 is not None:  # this rank's own L3 counters (writes, refusals, on/off)
+            stats.update(cache.l3.local_stats())
             # A lookup is a hit or a miss; the index counts lookups and hits.
             stats["l3_lookup_misses"] = stats.get("l3_lookups", 0) - stats.get("l3_lookup_hits", 0)
         self.child("l3_up").set(int(stats.get("l3_on", 0)))

@@ -183,21 +183,30 @@ class Storages:
     ) -> None:
         """``executor`` reads ``rec`` (``where``: the cells, for a tracked-per-cell storage)."""
         c = rec.cells
+        at = slice(None) if where is None else where
+        self._check_raw(rec, executor, clock, what, at)
         if c is not None:
-            at = slice(None) if where is None else where
-            w = c.stale_write(at, executor, clock)
-            if w is not None:
-                self._race_raw(executor, w, c.wsite.get(w, "?"), what)
             c.read(at, executor, tick, what)
         else:
-            if rec.write is not None:
-                w, t = rec.write
-                if w != executor and not covers(clock, w, t):
-                    self._race_raw(executor, w, rec.write_site, what)
             if rec.reads is None:
                 rec.reads = {}
             rec.reads[executor] = (tick, what)
         self._use(rec, executor, tick, what)
+
+    def _check_raw(
+        self, rec: Record, executor: int, clock: Clock, what: str, at: np.ndarray | slice
+    ) -> None:
+        """Read-after-write: the last write to the accessed cells (or the storage) on another
+        executor must be ordered before this access."""
+        c = rec.cells
+        if c is not None:
+            w = c.stale_write(at, executor, clock)
+            if w is not None:
+                self._race_raw(executor, w, c.wsite.get(w, "?"), what)
+        elif rec.write is not None:
+            w, t = rec.write
+            if w != executor and not covers(clock, w, t):
+                self._race_raw(executor, w, rec.write_site, what)
 
     def write(
         self,
@@ -209,20 +218,14 @@ class Storages:
         where: np.ndarray | slice | None = None,
     ) -> None:
         c = rec.cells
+        at = slice(None) if where is None else where
+        self._check_raw(rec, executor, clock, what, at)
         if c is not None:
-            at = slice(None) if where is None else where
-            w = c.stale_write(at, executor, clock)
-            if w is not None:
-                self._race_raw(executor, w, c.wsite.get(w, "?"), what)
             r = c.pending_read(at, executor, clock)
             if r is not None:
                 self._race_war(executor, r, c.rsite.get(r, "?"), what)
             c.write(at, executor, tick, what)
         else:
-            if rec.write is not None:
-                w, t = rec.write
-                if w != executor and not covers(clock, w, t):
-                    self._race_raw(executor, w, rec.write_site, what)
             for r, (t, where_read) in (rec.reads or {}).items():
                 if r != executor and not covers(clock, r, t):
                     self._race_war(executor, r, where_read, what)
