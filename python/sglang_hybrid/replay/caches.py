@@ -137,6 +137,7 @@ def scheduler_kwargs(
     host_mib: int = 0,
     overlap: bool = False,
     l3_url: str | None = None,
+    image_charge_bytes: int | None = None,
 ) -> dict[str, Any]:
     """``InProcessScheduler`` keyword arguments for ``plan`` (see the module contract)."""
     from sglang_hybrid.sglang.flags import HybridOptions
@@ -169,6 +170,7 @@ def scheduler_kwargs(
             # its admissions independent of a copy thread's timing (reproducible figures).
             host_copy="inline",
             l3=l3_url,  # the replay's modelled L3 (``l3_model.py``), None: none
+            image_charge_bytes=image_charge_bytes,  # ``image_charge_bytes`` below
         )
         kw["server_args_attrs"] = {"_hybrid_options": opts}
     elif plan.cache == "extra_buffer":
@@ -189,15 +191,31 @@ def host_cache_mib(host_bytes: int, geometry: Geometry, tiny_token_bytes: int) -
     """The CPU host tier that holds as many 64-token KV blocks as ``host_bytes`` of the geometry.
 
     The backend sizes its slabs from the pools it runs on (the tiny model's); scaling the budget
-    by the block ratio keeps the number of KV blocks the host holds. A state image costs about
-    3 tiny slabs against ~37 (27B) or ~19 (80B) real ones, so images are cheaper on the CPU than
-    modelled: a fidelity gap until the index can account in modelled bytes.
+    by the block ratio keeps the number of KV blocks the host holds. Images are charged at the
+    geometry's size (``image_charge_bytes``), so the host holds as many images as it would too.
     """
     if host_bytes <= 0:
         return 0
-    tiny_slab = -(-BLOCK * tiny_token_bytes // 4096) * 4096
     blocks = host_bytes // (BLOCK * geometry.kv_bytes_per_token)
-    return max(1, (blocks * tiny_slab) >> 20)
+    return max(1, (blocks * _tiny_slab(tiny_token_bytes)) >> 20)
+
+
+def image_charge_bytes(geometry: Geometry, tiny_token_bytes: int) -> int:
+    """The tiny slabs' bytes a state image of ``geometry`` spans, as KV blocks do the same ratio.
+
+    A tiny model's image takes about 3 of its host slabs, a 27B's 37 and an 80B's 19 of theirs:
+    charged its own bytes, an image cost the replay's host tier a twelfth of what it costs on a
+    GPU server, and host-tier figures (chat, Mooncake) kept states a server could not (before
+    issue #37's review they did). The index charges this many bytes per image instead (host
+    slabs, GDSF's size, admission); the copies still move the tiny image's bytes.
+    """
+    blocks = -(-geometry.state_bytes // (BLOCK * geometry.kv_bytes_per_token))
+    return blocks * _tiny_slab(tiny_token_bytes)
+
+
+def _tiny_slab(tiny_token_bytes: int) -> int:
+    """A tiny model's host slab: one block bundle, rounded to 4 KiB as the host layout does."""
+    return -(-BLOCK * tiny_token_bytes // 4096) * 4096
 
 
 def host_bytes_restored(tree_cache: Any, geometry: Geometry) -> int:

@@ -44,6 +44,7 @@ from .caches import (
     cache_environment,
     host_bytes_restored,
     host_cache_mib,
+    image_charge_bytes,
     scheduler_kwargs,
     tiny_kv_bytes_per_token,
 )
@@ -176,6 +177,7 @@ def replay(
         host_mib=host_cache_mib(plan.host_bytes, clock.geometry, tiny),
         overlap=settings.overlap,
         l3_url=l3_url,
+        image_charge_bytes=image_charge_bytes(clock.geometry, tiny),
     )
     with cache_environment(base_cache(cache)):
         from sglang_hybrid.cpu.loop import InProcessScheduler

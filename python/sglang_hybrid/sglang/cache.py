@@ -157,8 +157,10 @@ class HybridRadixCache(BasePrefixCache):
         return [str(t.dtype) for t in self._state_tensors]
 
     def _new_index(self) -> PrefixIndex:
+        # The index may charge an image more than its bytes (``HybridOptions.image_charge_bytes``).
+        charged = max(self.image_bytes, self.options.image_charge_bytes or 0)
         index = PrefixIndex(
-            self.config, image_bytes=self.image_bytes, slab_bytes=self.slab_bytes, cost=self.cost
+            self.config, image_bytes=charged, slab_bytes=self.slab_bytes, cost=self.cost
         )
         rule = index.split_rule  # which exact taps end a pass (issue #36, index/split_rule.py)
         rule.threshold = self.options.split_threshold

@@ -61,6 +61,11 @@ class HybridOptions:
     # The prefill cost the split rule prices a pass and its tokens at; None: the cache's own
     # (``CostModel()``'s planning values). Not a flag: the replay sets its clock's preset.
     split_cost: CostModel | None = None
+    # What a state image is charged in the index (host slabs, GDSF's size, admission's bytes),
+    # when more than its own bytes; None: its own. Not a flag: the replay charges its modelled
+    # geometry's image, since a tiny model's image takes 3 of its host slabs where a 27B's takes
+    # 37 (``replay/caches.py``). The copies move the real bytes; the rest of the slabs is unused.
+    image_charge_bytes: int | None = None
 
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
@@ -301,7 +306,7 @@ def flag_of(field_name: str) -> str:
     return "--hybrid-" + field_name.replace("_", "-")
 
 
-NOT_FLAGS = frozenset({"split_cost"})  # HybridOptions fields no flag sets
+NOT_FLAGS = frozenset({"split_cost", "image_charge_bytes"})  # HybridOptions fields no flag sets
 
 
 def explicit_flags(opts: HybridOptions) -> list[str]:
