@@ -15,7 +15,8 @@ from sglang_hybrid.index import (
     TapPlanner,
     TapSource,
 )
-from sglang_hybrid.index.split_rule import EXPLORE_EVERY, HALF_LIFE, PRIOR_RATE, SourceHits
+from sglang_hybrid.index.source_hits import ENDPOINT, HALF_LIFE, PRIOR_RATE, SourceHits
+from sglang_hybrid.index.split_rule import EXPLORE_EVERY
 
 # 27B on an H200 (index/presets.py): 3 ms a pass, 0.11 ms a token; the weight read left out
 # (0) where the arithmetic below is about tokens.
@@ -104,6 +105,24 @@ def test_without_in_pass_capture_the_alternative_is_the_state_below() -> None:
     assert rule.apply([tail], base=0) == [tail]
 
 
+def test_a_declined_tap_below_is_no_alternative_to_the_one_above() -> None:
+    """Issue #37: without in-pass capture a declined tap's flexible fallback is taken only
+    where a pass happens to end, so the tap above is priced against the state below both."""
+    rule = SplitRule(COST, grid=0, exact_tail=True)
+    followup = int(TapSource.FOLLOWUP)
+    for _ in range(200):
+        rule.hits.note_published(followup)  # follow-up taps are never resumed from
+        rule.hits.note_published(int(TapSource.TAIL))  # one tail in ten is (rate ~0.12)
+    for _ in range(20):
+        rule.hits.note_hit(int(TapSource.TAIL))
+    taps = [_tap(4992, TapSource.FOLLOWUP), _tap(5055, TapSource.TAIL)]
+    out = rule.apply(taps, base=4000)
+    # The follow-up tap is declined (it stays planned as a flexible tap), the tail is priced
+    # over the 1055 tokens from the base, not the 63 from the declined tap: it splits.
+    assert out == [_tap(4992, TapSource.FOLLOWUP, exact=False), _tap(5055, TapSource.TAIL)]
+    assert rule.declined == 1
+
+
 def test_every_nth_declined_decision_splits_to_keep_learning() -> None:
     rule = SplitRule(COST, grid=64)
     for _ in range(500):
@@ -121,8 +140,10 @@ def test_source_statistics_halve_by_publication_count_not_time() -> None:
     before = h.published[OPENER]
     h.note_published(int(TapSource.TAIL))  # the HALF_LIFE-th publication halves every source
     assert h.published[OPENER] == before / 2 and h.hits[OPENER] == 0.5
-    h.note_published(0)  # not planned (endpoints): ignored
+    h.note_published(-1)  # a tap of unknown source (adopted after a restart): ignored
     assert h.events == HALF_LIFE
+    h.note_published(ENDPOINT)  # endpoints count under their own key
+    assert h.events == HALF_LIFE + 1 and h.published[ENDPOINT] == 1
 
 
 def test_the_planner_calls_the_rule_once_per_plan() -> None:

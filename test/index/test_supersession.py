@@ -107,18 +107,48 @@ def test_no_slot_skips_the_snapshot() -> None:
     assert out == [] and idx.stats.skipped_no_slot == 1 and a.id in idx.snapshots
 
 
-def test_a_continuing_step_s_last_tap_goes_when_the_lineage_moves_on() -> None:
+def test_a_continuing_step_s_last_tap_goes_with_its_endpoint() -> None:
     """Beyond the spec: the turn's first opener stays retained, later tool steps' openers do not
-    (a template that strips thinking re-renders the whole turn back to its first opener)."""
+    (a template that strips thinking re-renders the whole turn back to its first opener), and a
+    step that continued an endpoint is continued at its own endpoint (issue #37)."""
     idx, dev = make_index(host_slabs=400, slots=12), Device()
     o0, e0 = run(idx, dev, X[:300], taps=[256])  # the turn's first request (from the root)
+    assert not o0.superseded and not e0.superseded  # nothing known of the template yet
     o1, e1 = run(idx, dev, X[:500], taps=[448])  # a tool step: resumes from e0
-    assert e0.superseded and not o0.superseded and not o1.superseded
-    assert e1.lineage_tap == o1.id and e0.lineage_tap == -1
+    assert e0.superseded and not o0.superseded and o1.superseded and not e1.superseded
+    # The endpoint is valued by what it saves over o0, not over its own superseded tap.
+    assert e1.ancestor is o1 and e1.cost > idx.valuer.values(o1)[0]
     o2, e2 = run(idx, dev, X[:700], taps=[640])  # the next step moves on from e1
-    assert e2.lineage_tap == o2.id
-    assert e1.superseded and o1.superseded and not o0.superseded and not o2.superseded
+    assert e1.superseded and o2.superseded and not o0.superseded and not e2.superseded
     # The next turn re-renders the history: it diverges after o0 and resumes from it.
     m = idx.match(key(X[:270] + [9] * 50))
     assert m.best is o0
+    idx.check_integrity()
+
+
+def test_a_re_rendered_answer_is_left_with_its_prompt_end_tap() -> None:
+    """Issue #37: a next turn that re-renders the answer (a template stripping reasoning)
+    resumes from the prompt-end tap and leaves that turn's endpoint; its own endpoint is
+    published superseded, since its successor will leave it the same way."""
+    idx, dev = make_index(host_slabs=400, slots=12), Device()
+    t0, e0 = run(idx, dev, X[:300], taps=[299])  # prompt end (n - 1), then the answer's end
+    assert t0.sibling_endpoint == e0.id and not t0.superseded and not e0.superseded
+    turn1 = X[:299] + [7] * 100  # the answer re-rendered: it leaves the tree after the tap
+    assert idx.match(key(turn1)).best is t0
+    t1, e1 = run(idx, dev, turn1, taps=[398])
+    assert t0.superseded and e0.superseded  # both of the turn the lineage moved on from
+    assert not t1.superseded and e1.superseded and t1.sibling_endpoint == e1.id
+    idx.check_integrity()
+    # Kept until the tiers need room; a resend that does use the answer retains it again.
+    assert idx.match(key(X[:299] + [7] * 100 + [1])).best is e1
+    idx.check_integrity()
+
+
+def test_a_regenerated_answer_is_no_evidence_of_the_template() -> None:
+    """The same prompt resent resumes from its prompt-end tap without going past it: the new
+    answer's endpoint stays retained (the conversation may continue from it)."""
+    idx, dev = make_index(host_slabs=400, slots=12), Device()
+    t0, e0 = run(idx, dev, X[:300], taps=[299])
+    (e1,) = run(idx, dev, X[:299] + [5], taps=[])  # the same prompt, another answer token
+    assert t0.superseded and e0.superseded and not e1.superseded
     idx.check_integrity()

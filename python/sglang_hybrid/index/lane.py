@@ -25,6 +25,10 @@ class Lane:
     path: list[BlockNode] = field(default_factory=list)  # nodes of blocks [0, len(path))
     resumed_from: Snapshot | None = None
     resumed_from_endpoint: bool = False
+    # It resumed from an earlier request's prompt-end tap and its prompt goes on past it: that
+    # request's answer was re-rendered, not continued, and so will this one's be
+    # (``supersession.lineage``).
+    left_answer: bool = False
     last_tap: Snapshot | None = None
     pinned: list[Snapshot] = field(default_factory=list)  # snapshots this lane is copying from
     published: int = 0

@@ -51,8 +51,9 @@ from .path_counts import add_retained
 from .persist import Adopted, AdoptPlan, HostExport
 from .residency import ResidencyTracker
 from .snapshot import Snapshot, SnapshotKind
+from .source_hits import SourceHits, key_of
 from .split_rule import SplitRule
-from .taps import Tap, TapHint, TapPlanner
+from .taps import END_TOKENS, Tap, TapHint, TapPlanner
 from .transfers import HostTransfers
 from .tree import BlockTree
 
@@ -113,7 +114,10 @@ class PrefixIndex:
         self.followups = FollowUpOffsets()  # only open_lane observes; plan_taps reads
         # Which exact taps split (issue #36): the binding sets its threshold, grid and tail; its
         # per-source statistics move in publish and _hit. Threshold 0: every exact tap splits.
-        self.split_rule = SplitRule(cost, threshold=0.0)
+        # Resumes per snapshot origin (``source_hits``): the split rule's prices and GDSF's prior.
+        # Moved in publish and _hit only.
+        self.source_hits = SourceHits()
+        self.split_rule = SplitRule(cost, threshold=0.0, hits=self.source_hits)
         self.planner.split_rule = self.split_rule
         # Scan resistance (``newcomers``): use counts of blocks that left the tree (eviction
         # remembers, commit recalls) and whether the cache thrashes (open_lane and commit).
@@ -214,6 +218,10 @@ class PrefixIndex:
             lane.pinned.append(source)
             lane.resumed_from = source
             lane.resumed_from_endpoint = source.kind is SnapshotKind.ENDPOINT
+            # Past END_TOKENS: a resend of the same prompt (a regenerated answer) is no evidence.
+            lane.left_answer = (
+                source.sibling_endpoint >= 0 and m.n - 1 - source.frontier > END_TOKENS
+            )
             path = m.path[:k]
             ref, tick = self.residency.ref, self.tick
             for node in path:
@@ -381,9 +389,9 @@ class PrefixIndex:
     # there. Spelled out as methods: a class compiled by mypyc (``native``) binds no module
     # function assigned in its body.
     def reserve_slot(
-        self, lane: Lane, frontier: int, kind: SnapshotKind, demand: int = 0
+        self, lane: Lane, frontier: int, kind: SnapshotKind, demand: int = 0, origin: int = 0
     ) -> int | None:
-        return publication.reserve_slot(self, lane, frontier, kind, demand)
+        return publication.reserve_slot(self, lane, frontier, kind, demand, origin)
 
     def cancel_slot(
         self,
@@ -419,8 +427,8 @@ class PrefixIndex:
             demand=demand,
             origin=origin,
         )
-        if s is not None and origin:
-            self.split_rule.hits.note_published(origin)
+        if s is not None:
+            self.source_hits.note_published(key_of(kind, origin))
         return s
 
     def delete_snapshot(self, s: Snapshot) -> None:
@@ -440,8 +448,7 @@ class PrefixIndex:
         if s.demand:
             s.demand -= 1  # an expected hit came: it moves from demand to hits
         s.hits += 1
-        if s.origin:
-            self.split_rule.hits.note_hit(s.origin)
+        self.source_hits.note_hit(key_of(s.kind, s.origin))
         s.l_at = self.L
         s.last_hit_tick = self.tick
         if s.superseded:  # a hit retains it again until the lineage moves on (§9.3)

@@ -21,7 +21,9 @@ from .lane import Lane
 from .node import FastResidency
 from .path_counts import add_live, add_retained, remove_retained
 from .snapshot import Snapshot, SnapshotKind
+from .source_hits import key_of
 from .supersession import lineage, may_supersede
+from .taps import END_TOKENS
 
 if TYPE_CHECKING:
     from .prefix_index import PrefixIndex
@@ -30,7 +32,12 @@ R = FastResidency  # Residency, read faster (node.py)
 
 
 def reserve_slot(
-    index: PrefixIndex, lane: Lane, frontier: int, kind: SnapshotKind, demand: int = 0
+    index: PrefixIndex,
+    lane: Lane,
+    frontier: int,
+    kind: SnapshotKind,
+    demand: int = 0,
+    origin: int = 0,
 ) -> int | None:
     """A device snapshot slot for the lane's next snapshot, or None (skip it, §9.2).
 
@@ -51,7 +58,10 @@ def reserve_slot(
         ),
         default=0,
     )
-    estimate = index.valuer.estimate(index.L, base, frontier, frontier % BLOCK_TOKENS != 0, demand)
+    prior = index.source_hits.prior(key_of(kind, origin))
+    estimate = index.valuer.estimate(
+        index.L, base, frontier, frontier % BLOCK_TOKENS != 0, demand, prior
+    )
     # Its count (``newcomers``): the anchor's, once committed (a tap reserved before its pass
     # has only the blocks below it: a block not committed yet counts once), and the requests
     # known to be waiting for it.
@@ -155,17 +165,23 @@ def publish(
         index.residency.attach_tail(s, tail_device, tail_device_tokens, R.RESIDENT)
     s.l_at, s.last_hit_tick = index.L, index.tick
     s.demand = demand
-    step = lane.last_tap if lane.resumed_from_endpoint else None
-    if kind is SnapshotKind.ENDPOINT and step is not None:
-        s.lineage_tap = step.id
+    s.prior = index.source_hits.prior(key_of(kind, origin))  # fixed now: values stay checkable
     owner = link_snapshot(index, s)
     # The lineage is read now, not at reservation: a lane may hold several reservations at
     # once (taps captured inside one pass), each superseding the ones published before it.
-    recost, resize = supersede_all(index, lineage(lane, frontier, kind, index.snapshots))
+    moved_on = lineage(lane, frontier, kind, index.snapshots)
+    if kind is SnapshotKind.ENDPOINT and lane.left_answer:
+        moved_on.append(s)  # its successor will re-render this answer too (supersession.py)
+    recost, resize = supersede_all(index, moved_on)
     index._revalue([*val.retained_frontier_below(s), *recost], [s, owner, *resize])
     index.residency.tail_changed(s)
     if kind is SnapshotKind.ENDPOINT:
         index.stats.endpoints_published += 1
+        end_tap = lane.last_tap
+        if end_tap is not None and lane.prompt_n - end_tap.frontier <= END_TOKENS + 1:
+            # The prompt's end (its n - 1 tail, or an opener at the end): a later request that
+            # resumes there re-rendered this answer or regenerated it (supersession.lineage).
+            end_tap.sibling_endpoint = s.id
     else:
         index.stats.taps_published += 1
         lane.last_tap = s

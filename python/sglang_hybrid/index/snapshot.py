@@ -61,13 +61,15 @@ class Snapshot:
     # Supersession (§9.3); only changed by ``PrefixIndex`` (supersede, and a hit retaining again).
     superseded: bool = False
     superseded_tick: int = 0
-    # An endpoint of a request that resumed from an endpoint: the id of its prompt's last tap,
-    # superseded once the lineage moves on from here (``supersession.lineage``); -1: none. Only
-    # set by ``PrefixIndex.publish``.
-    lineage_tap: int = -1
-    # GDSF (§9.3): H = l_at + (1 + hits + demand) * cost / size. hits, demand, l_at and
+    # A tap that was its request's last: the id of the endpoint that request published after
+    # it, superseded once a later request resumes from this tap, since that request left the
+    # endpoint's path (``supersession.lineage``); -1: none. Only set by ``PrefixIndex.publish``.
+    sibling_endpoint: int = -1
+    # GDSF (§9.3): H = l_at + (prior + hits + demand) * cost / size, ``prior`` the spec's 1
+    # learned per origin (``source_hits``, fixed at publication). prior, hits, demand, l_at and
     # last_hit_tick are only changed by ``PrefixIndex`` (publish, a hit, adopt_snapshot); cost,
     # size and h only by ``Valuer`` (revalue, recost).
+    prior: float = 1.0
     hits: int = 0
     demand: int = 0  # waiting requests known to resume here (§12.2): hits that have not come yet
     l_at: float = 0.0

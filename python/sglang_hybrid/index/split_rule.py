@@ -21,11 +21,11 @@ tap, as before this rule). A declined tap is counted (``declined``, the binding'
 snapshot there carries the partial block as its tail) or, without in-pass capture, to the block
 grid, where a pass end may realise it; it is dropped when nothing is left below it.
 
-Statistics: ``SourceHits`` counts publications and resumes per ``TapSource`` value, halving both
-every ``HALF_LIFE`` publications (traffic changes; counts, never time: every TP rank sees the same
-stream). Before evidence a source is assumed to be hit once per tap (``PRIOR_*``: the old
-behaviour, split). Declining every tap of a source would freeze its estimate (declined taps are
-never published), so every ``EXPLORE_EVERY``-th declined decision of a source splits anyway.
+Statistics: ``SourceHits`` (``source_hits.py``, shared with GDSF's prior) counts publications
+and resumes per ``TapSource`` value, by counts, never time. Before evidence a source is assumed
+to be hit once per tap (the old behaviour, split). Declining every tap of a source would freeze
+its estimate (declined taps are never published), so every ``EXPLORE_EVERY``-th declined
+decision of a source splits anyway.
 
 API for other planners (prompt-end taps, issue #37): :meth:`SplitRule.pays` decides one tap;
 :meth:`SplitRule.apply` rewrites a planned list; ``note_published`` / ``note_hit`` feed the
@@ -38,43 +38,10 @@ from collections.abc import Sequence
 
 from .cost import CostModel
 from .keys import BLOCK_TOKENS
+from .source_hits import N_KEYS, SourceHits
 from .taps import Tap, TapSource
 
-PRIOR_TAPS = 4.0  # pseudo-publications per source before evidence
-PRIOR_RATE = 1.0  # ... each assumed to be resumed from once (the old behaviour: split)
-HALF_LIFE = 1024  # publications (all sources) after which old counts weigh half
 EXPLORE_EVERY = 16  # every 16th declined decision of a source splits anyway
-N_SOURCES = max(int(s) for s in TapSource) + 1
-
-
-class SourceHits:
-    """Publications and resumes per tap source (``TapSource`` values; 0 is ignored)."""
-
-    __slots__ = ("events", "hits", "published")
-
-    def __init__(self) -> None:
-        self.published = [0.0] * N_SOURCES  # only note_published changes it
-        self.hits = [0.0] * N_SOURCES  # only note_hit changes it
-        self.events = 0  # publications over the counter's life (drives the halving)
-
-    def note_published(self, origin: int) -> None:
-        if not 0 < origin < N_SOURCES:
-            return
-        self.events += 1
-        if self.events % HALF_LIFE == 0:
-            self.published = [x * 0.5 for x in self.published]
-            self.hits = [x * 0.5 for x in self.hits]
-        self.published[origin] += 1.0
-
-    def note_hit(self, origin: int) -> None:
-        if 0 < origin < N_SOURCES:
-            self.hits[origin] += 1.0
-
-    def rate(self, origin: int) -> float:
-        """Expected resumes per published tap of this source."""
-        if not 0 < origin < N_SOURCES:
-            return PRIOR_RATE
-        return (self.hits[origin] + PRIOR_TAPS * PRIOR_RATE) / (self.published[origin] + PRIOR_TAPS)
 
 
 class SplitRule:
@@ -89,6 +56,7 @@ class SplitRule:
         threshold: float = 1.0,
         grid: int = 0,
         exact_tail: bool = True,
+        hits: SourceHits | None = None,
     ) -> None:
         if threshold < 0:
             raise ValueError(f"split threshold must be >= 0, got {threshold}")
@@ -98,13 +66,17 @@ class SplitRule:
         # a multiple of g past the pass's start (``ReqState.capture_grid``).
         self.grid = grid
         self.exact_tail = exact_tail  # the prompt-tail tap is exact (``--hybrid-tail-tap``)
-        self.hits = SourceHits()
+        self.hits = hits if hits is not None else SourceHits()  # the index's, shared with GDSF
         self.declined = 0  # splits declined, over the rule's life (the binding counts the skips)
-        self._asked = [0] * N_SOURCES  # declined decisions per source (exploration)
+        self._asked = [0] * N_KEYS  # declined decisions per source (exploration)
 
     def captures(self, position: int, base: int) -> bool:
         """The worker is expected to capture ``position`` inside a pass (``capture_point``)."""
         return self.grid > 0 and self.capture_point(position, base) == position
+
+    def _realised(self, tap: Tap, base: int) -> bool:
+        """A planned tap will be taken: it splits, or the worker captures it in the pass."""
+        return tap.exact or self.captures(tap.position, base)
 
     def capture_point(self, position: int, base: int) -> int:
         """The deepest position at or below ``position`` the worker captures inside a pass
@@ -134,7 +106,7 @@ class SplitRule:
             return True
         if self.saving(source, position, alt) > self.threshold * self.cost.split_seconds():
             return True
-        if 0 < source < N_SOURCES:
+        if 0 < source < N_KEYS:
             self._asked[source] += 1
             if self._asked[source] % EXPLORE_EVERY == 0:
                 return True
@@ -159,7 +131,14 @@ class SplitRule:
             if not exact or self.captures(p, base):
                 out.append(tap._replace(exact=exact))
                 continue
-            below = max([q for q in anchors if q < p] + [t.position for t in out if t.position < p])
+            # Only taps that will exist: a flexible one off the capture grid (a declined tap's
+            # fallback, a ladder rung) is realised only where a pass happens to end. Counted,
+            # a follow-up tap declined 63 tokens below the prompt tail made the tail look
+            # worth 63 tokens, and both were lost (issue #37's chat replay).
+            below = max(
+                [q for q in anchors if q < p]
+                + [t.position for t in out if t.position < p and self._realised(t, base)]
+            )
             # Declined, the tap moves down to where the worker captures (a pass on the grid or
             # a pass end realises it otherwise); requests diverging at p resume there.
             point = self.capture_point(p, base) if self.grid else p - p % BLOCK_TOKENS

@@ -28,15 +28,26 @@ def may_supersede(s: Snapshot, snapshots: Mapping[int, Snapshot]) -> bool:
 def lineage(
     lane: Lane, frontier: int, kind: SnapshotKind, snapshots: Mapping[int, Snapshot]
 ) -> list[Snapshot]:
-    """What a new snapshot of ``lane`` at ``frontier`` supersedes, plus two rules beyond the spec.
+    """What a new snapshot of ``lane`` at ``frontier`` supersedes, plus rules beyond the spec.
 
-    The spec keeps every prompt's last tap retained, for a next turn whose template re-renders
-    the reply. But a template that strips thinking re-renders the whole last turn, so the next
-    turn diverges at the turn's *first* opener: the last tap of a request that itself resumed
-    from an endpoint (a tool step continuing the turn) serves only a retry of that request.
-    Once the lineage moves on from its endpoint, that tap is superseded too, so its slot goes
-    before the turn's first opener's (which GDSF values low: it saves few tokens over the
-    snapshot below it).
+    A conversation keeps its template: how a lane was reached predicts how its own successor
+    will reach it (issue #37). The spec keeps every prompt's last tap retained, for a next turn
+    whose template re-renders the reply; both kinds of template are common and a snapshot
+    image weighs thousands of tokens of KV (2,349 at the 27B geometry), so keeping both states
+    of every turn halved what a host tier held of hint-less chat.
+
+    - A lane that resumed from an endpoint continues answers as they were generated (an agent
+      harness's tool steps, a template that keeps every turn): its successor resumes from its
+      endpoint, and its last tap serves only a retry of this request. The endpoint supersedes
+      that tap when it is published (lineage_tap once waited for the next step; the endpoint
+      was valued by the few tokens it adds over the tap and went first under pressure).
+    - A lane that resumed from an earlier request's prompt-end tap and went on past it
+      re-rendered that request's answer (a template that strips reasoning): that answer's
+      endpoint is left for good (``sibling_endpoint``; only a resend with the reasoning echoed
+      could use it) and is superseded with the tap, and the lane's own endpoint is published
+      superseded (``Lane.left_answer``, in ``publication.publish``).
+    - A lane reached otherwise (from the root, a ladder rung, a boundary) keeps both, as the
+      spec does: nothing is known of its template yet.
 
     A ladder or follow-up tap is never superseded by its own prompt's later taps (issue #18's
     host-tier anomaly). Both are placed for a later prompt that shares this one's prefix and
@@ -48,14 +59,20 @@ def lineage(
     supersedes it (``src``), as any lineage does.
     """
     src = lane.resumed_from
-    step_tap = None
-    if src is not None and src.lineage_tap >= 0:
-        step_tap = snapshots.get(src.lineage_tap)
-    last = lane.last_tap if kind is not SnapshotKind.ENDPOINT else None
+    # The answer the lane's source was the prompt end of: resuming there, the lane left it.
+    sibling = None
+    if src is not None and src.sibling_endpoint >= 0:
+        sibling = snapshots.get(src.sibling_endpoint)
+    last = lane.last_tap
+    if kind is SnapshotKind.ENDPOINT and not lane.resumed_from_endpoint:
+        last = None  # a re-rendering successor resumes there
     if last is not None and last.origin in (TapSource.LADDER, TapSource.FOLLOWUP):
         last = None  # kept for prompts leaving this one before its end (above)
     out: list[Snapshot] = []
-    for t in (src, last, step_tap):
+    for t in (src, last):
         if t is not None and t.frontier < frontier and may_supersede(t, snapshots) and t not in out:
             out.append(t)
+    # Off the lane's path (it would have resumed there otherwise): its depth says nothing.
+    if sibling is not None and sibling is not src and may_supersede(sibling, snapshots):
+        out.append(sibling)
     return out

@@ -1,6 +1,6 @@
 """Snapshot links and GDSF valuation (spec §9.3).
 
-H(s) = L_s + (1 + hits + demand) * C(s) / Z(s)
+H(s) = L_s + (prior + hits + demand) * C(s) / Z(s), prior the spec's 1 learned per origin
 C(s) = prefill_seconds(base=F_a, tokens=F_s - F_a) - restore_seconds(image), clamped at 0,
        a = the nearest retained (not superseded) snapshot above s on its path, or the root
 Z(s) = image bytes + tail bytes + exclusive path bytes: host bytes of the path nodes below which
@@ -196,9 +196,10 @@ class Valuer:
         return self.image_bytes + (self.slab_bytes if has_tail else 0) + path_bytes
 
     @staticmethod
-    def _h(l_at: float, uses: int, c: float, z: float) -> float:
-        """H = L + (1 + hits + demand) * C / Z, ``uses`` = hits + demand."""
-        return l_at + (1 + uses) * c / z
+    def _h(l_at: float, uses: float, c: float, z: float) -> float:
+        """H = L + (prior + hits + demand) * C / Z, ``uses`` = prior + hits + demand (the spec's
+        prior is 1; ours is learned per origin, ``source_hits``)."""
+        return l_at + uses * c / z
 
     def values(self, s: Snapshot) -> tuple[float, float, float]:
         """(C, Z, H) of ``s`` from the current tree, without storing them."""
@@ -206,7 +207,7 @@ class Valuer:
         c = self._c(a.frontier if a is not None else 0, s.frontier)
         path_bytes = exclusive_path_bytes(s, self.slab_bytes) if self.host else 0
         z = float(self._z(s.has_tail, path_bytes))
-        return c, z, self._h(s.l_at, s.hits + s.demand, c, z)
+        return c, z, self._h(s.l_at, s.prior + s.hits + s.demand, c, z)
 
     def revalue(self, s: Snapshot) -> None:
         s.cost, s.size, s.h = self.values(s)
@@ -217,15 +218,21 @@ class Valuer:
         """Only C (and H) changed: its nearest retained ancestor moved or it was hit."""
         a = nearest_retained_above(s)
         s.cost = self._c(a.frontier if a is not None else 0, s.frontier)
-        s.h = self._h(s.l_at, s.hits + s.demand, s.cost, s.size)
+        s.h = self._h(s.l_at, s.prior + s.hits + s.demand, s.cost, s.size)
         if self.queue is not None:
             self.queue.push(s)
 
     def estimate(
-        self, l_now: float, base: int, frontier: int, has_tail: bool, demand: int = 0
+        self,
+        l_now: float,
+        base: int,
+        frontier: int,
+        has_tail: bool,
+        demand: int = 0,
+        prior: float = 1.0,
     ) -> float:
         """H of a snapshot about to be published: no hits yet (``demand`` requests are known to
         be waiting for it, §12.2), the blocks since ``base`` its own."""
         own_blocks = frontier // BLOCK_TOKENS - base // BLOCK_TOKENS
         c = self._c(base, frontier)
-        return self._h(l_now, demand, c, self._z(has_tail, own_blocks * self.slab_bytes))
+        return self._h(l_now, prior + demand, c, self._z(has_tail, own_blocks * self.slab_bytes))

@@ -258,7 +258,7 @@ class Publisher:
         origin: int,
         covers: list[int] | None = None,
     ) -> None:
-        slot = self.cache.index.reserve_slot(lane, p, kind, demand)
+        slot = self.cache.index.reserve_slot(lane, p, kind, demand, origin)
         if slot is None:
             self.skips.note("tap_no_slot", f"{req.rid} at {p}")
             state.taken.update((p, *(covers or ())))
@@ -358,7 +358,7 @@ class Publisher:
             # No KV room for the tail even after evicting: skip the tap (§9.2: optional).
             self.skips.note("tap_no_tail_page", f"{req.rid} at {frontier}")
             return None
-        slot = self.cache.index.reserve_slot(lane, frontier, kind, demand)
+        slot = self.cache.index.reserve_slot(lane, frontier, kind, demand, origin)
         if slot is None:
             self.skips.note("tap_no_slot", f"{req.rid} at {frontier}")
             if tail is not None:
