@@ -100,6 +100,28 @@ def test_a_planted_corrupt_object_is_refused_and_recomputed(build, store) -> Non
     assert b.cache.index.host.reserved == set()
 
 
+def test_a_turn_still_decoding_is_resumed_from_the_store(build, store) -> None:
+    """Server B resumes a prompt server A still decodes: A's blocks reached the store with the
+    snapshot its prefill published, not at A's release (the blocks at release only: a miss)."""
+    a = _build(build, store, "live-")
+    prompt = toks(40, 300)
+    req = a.s.submit("a", prompt, 200)
+    while not req.output_ids:
+        a.s.step()
+    for _ in range(12):  # host copies retire, their L3 writes are issued
+        a.s.step()
+    a.cache.l3.writer.wait(timeout_s=30)
+    a.cache.l3.poll()
+    assert not req.finished()
+    b = _build(build, store, "live-")
+    r = b.run(prompt + toks(41, 60), max_new=4)
+    st = b.cache.stats()
+    assert st["l3_fetches_landed"] == 1 and st["l3_fetched_snapshots"] == 1, st
+    assert r.cached_tokens == len(prompt) - 1
+    a.s.run_until_idle()
+    b.cache.index.check_integrity()
+
+
 def test_the_master_killed_mid_run_costs_l3_only(build, store, caplog) -> None:
     h = _build(build, store, "kill-")
     l3 = h.cache.l3

@@ -194,3 +194,39 @@ def test_an_idle_scheduler_does_not_sleep_while_l3_work_is_in_flight(build, tmp_
     wait_idle(l3)
     scheduler.maybe_sleep_on_idle()
     assert Sleeper.calls == 1  # nothing in flight: SGLang's sleep as before
+
+
+def _decode_until_written(h: Any, req: Any, passes: int = 12) -> None:
+    """Step ``h`` until ``req`` is decoding, then ``passes`` more (host copies retire, their L3
+    writes are issued), then let the store take them. ``req`` must still be running after."""
+    s = h.s
+    while not req.output_ids:
+        s.step()
+    for _ in range(passes):
+        s.step()
+    _written(h)
+    assert not req.finished(), "the first turn finished before the check: give it more tokens"
+
+
+def test_a_turn_still_decoding_on_one_server_is_resumed_by_another(build, tmp_path: Path) -> None:
+    """A fleet's next turn, or a fan-out sibling, can arrive on another server while the first
+    request still decodes. Its prompt's state (the n - 1 tail tap) is published and written at
+    the end of its prefill, but with the blocks written only at release (§7.6) the store held
+    a snapshot nothing could reach until the last token: the second server recomputed it all.
+    The blocks now go with each published snapshot."""
+    url = f"file://{tmp_path / 'l3'}"
+    a = _build(build, url)
+    prompt = toks(7, 300)
+    req = a.s.submit("a", prompt, 200)
+    _decode_until_written(a, req)
+    b = _build(build, url)
+    r = b.run(prompt + toks(8, 60), max_new=4)
+    st = b.cache.stats()
+    assert st["l3_fetches_landed"] == 1 and st["l3_fetched_snapshots"] == 1, st
+    assert r.cached_tokens == len(prompt) - 1  # the tail tap at n - 1, from A's lane, mid-decode
+    b.cache.index.check_integrity()
+    a.s.run_until_idle()  # A finishes; its release writes only what was not written yet
+    _written(a)
+    local = a.cache.l3.local_stats()
+    assert local["l3_put_failed"] == 0 and local["l3_put_changed"] == 0, local
+    a.cache.index.check_integrity()

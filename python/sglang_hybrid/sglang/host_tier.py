@@ -312,10 +312,21 @@ class HostTier:
 
     def write_snapshot(self, s: Snapshot, state_slot: int, lane: Lane | None = None) -> int:
         """Issue a just-published snapshot's image (and tail); skipped when GDSF refuses (§9.3).
-        ``s`` stays pinned and ``lane`` (whose path anchors it) open until the copy retires."""
+        ``s`` stays pinned and ``lane`` (whose path anchors it) open until the copy retires.
+
+        With a shared L3 the lane's committed blocks are written first (``write_lane``, the
+        blocks the snapshot anchors on among them), not only at release as §7.6 batches them:
+        another server can resume from the snapshot only once its blocks are in the store too,
+        and at release they reached it after the request's last token, when a fleet's next turn
+        on another server had often looked already (``docs/l3.md``, "What moves, when"). Same
+        blocks, same bytes, in one batch per published snapshot; release writes what is left.
+        """
+        early = 0
+        if self.l3 is not None and lane is not None and not lane.closed:
+            early = self.write_lane(lane)
         plan = self.index.transfers.plan_image_write(s)
         if plan is None:
-            return 0
+            return early
         slabs, tail_slab = plan
         tail = None
         if tail_slab >= 0:  # host slot ids, or device ones used as indices (store.transfer)
@@ -335,7 +346,7 @@ class HostTier:
         run = lambda: self._run([], to_host=True, image=(state_slot, slabs), tail=tail)  # noqa: E731
         lanes = (lane,) if lane is not None and not lane.closed else ()
         self._submit(_Op(run, done, failed, nbytes, lanes))
-        return nbytes
+        return early + nbytes
 
     def _run(
         self,

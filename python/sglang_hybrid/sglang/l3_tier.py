@@ -5,6 +5,8 @@ What moves, and when (``docs/l3.md``):
 - **Out (write-through).** Whatever lands in the host tier is written to L3 as well: a lane's
   blocks once their host write retired, a snapshot's image and tail once theirs did
   (``HostTier``'s two call-outs, :meth:`L3Tier.wrote_blocks` / :meth:`L3Tier.wrote_snapshot`).
+  With L3 on, the host tier writes a lane's blocks with each snapshot it publishes, not only at
+  release (``HostTier.write_snapshot``): a snapshot is of use to another server only with them.
   Writing at host *eviction* instead would leave another server nothing to reuse until the
   writer ran short of host memory; the replay measures both (``docs/l3.md``). The write thread
   reads a slab only while its allocation count shows it unchanged (``store/l3/client.py``), so
