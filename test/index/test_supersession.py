@@ -138,6 +138,8 @@ def test_a_re_rendered_answer_is_left_with_its_prompt_end_tap() -> None:
     t1, e1 = run(idx, dev, turn1, taps=[398])
     assert t0.superseded and e0.superseded  # both of the turn the lineage moved on from
     assert not t1.superseded and e1.superseded and t1.sibling_endpoint == e1.id
+    # Superseded at birth, it is not written to the host tier (it would go first anyway).
+    assert t1.host_state is Residency.RESIDENT and e1.host_state is Residency.ABSENT
     idx.check_integrity()
     # Kept until the tiers need room; a resend that does use the answer retains it again.
     assert idx.match(key(X[:299] + [7] * 100 + [1])).best is e1
@@ -152,3 +154,26 @@ def test_a_regenerated_answer_is_no_evidence_of_the_template() -> None:
     (e1,) = run(idx, dev, X[:299] + [5], taps=[])  # the same prompt, another answer token
     assert t0.superseded and e0.superseded and not e1.superseded
     idx.check_integrity()
+
+
+def test_the_learned_prior_applies_with_a_host_tier_only() -> None:
+    """GDSF's prior (``source_hits``): a tap origin never resumed from is valued below 1 with a
+    host tier; on the device alone the spec's 1 stays (``PrefixIndex.prior_of``)."""
+    for host_slabs, expect_learned in ((4000, True), (0, False)):
+        idx, dev = make_index(host_slabs=host_slabs, slots=12), Device()
+        for i in range(40):  # follow-up taps of prompts nobody continues
+            base = 10_000 + 1000 * i
+            run(idx, dev, list(range(base, base + 300)), taps=[128], origin=TapSource.FOLLOWUP)
+        prior = idx.prior_of(SnapshotKind.TAP, int(TapSource.FOLLOWUP))
+        assert (prior < 0.2) if expect_learned else prior == 1.0
+        assert idx.prior_of(SnapshotKind.TAP, int(TapSource.OPENER)) == 1.0  # no evidence yet
+        (t,) = run(
+            idx,
+            dev,
+            list(range(90_000, 90_300)),
+            taps=[128],
+            origin=TapSource.FOLLOWUP,
+            endpoint=False,
+        )
+        assert t.prior == prior
+        idx.check_integrity()

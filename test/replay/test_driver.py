@@ -107,6 +107,33 @@ def test_the_hybrid_host_tier_restores_in_modelled_bytes(small_agent_trace, qwen
             assert rec.cached_tokens + rec.prefill_tokens == rec.prompt_tokens
 
 
+def test_the_host_tier_charges_images_at_the_modelled_size(
+    small_agent_trace, qwen3_next_dir, monkeypatch
+):
+    """A 27B state image takes 37 host slabs of 64 KV tokens, an 80B's 50: the replay's host
+    tier charges the tiny model's images as many of its slabs (a tiny image fills 3)."""
+    from sglang_hybrid.index.presets import GEOMETRIES
+    from sglang_hybrid.replay import driver
+    from sglang_hybrid.replay.caches import image_charge_bytes, tiny_kv_bytes_per_token
+
+    tiny = tiny_kv_bytes_per_token(qwen3_next_dir)
+    slab = -(-64 * tiny // 4096) * 4096
+    assert image_charge_bytes(GEOMETRIES["qwen3.5-27b"], tiny) == 37 * slab
+    assert image_charge_bytes(GEOMETRIES["qwen3-next-80b"], tiny) == 50 * slab
+    seen = []
+    collect = driver._Run._collect
+
+    def spy(run):
+        seen.append(run.sched.tree_cache.index.host.image_slabs)
+        seen.append(run.sched.tree_cache.layout.image_slabs)
+        collect(run)
+
+    monkeypatch.setattr(driver._Run, "_collect", spy)
+    cfg = settings(qwen3_next_dir, device_bytes=int(1.5 * (1 << 30)), host_bytes=8 << 30)
+    res = replay(first(small_agent_trace, 10), "hybrid", cfg)
+    assert seen == [37, 3] and res.summary().finished == 10
+
+
 def test_overlap_scheduling_replays_the_same_requests(small_agent_trace, qwen3_next_dir):
     """``--overlap``: SGLang's overlap loop for hybrid (and extra_buffer); every request finishes,
     outputs follow their scripts (the driver checks), and the reuse stays what it is without."""

@@ -21,7 +21,6 @@ from .lane import Lane
 from .node import FastResidency
 from .path_counts import add_live, add_retained, remove_retained
 from .snapshot import Snapshot, SnapshotKind
-from .source_hits import key_of
 from .supersession import lineage, may_supersede
 from .taps import END_TOKENS
 
@@ -58,7 +57,7 @@ def reserve_slot(
         ),
         default=0,
     )
-    prior = index.source_hits.prior(key_of(kind, origin))
+    prior = index.prior_of(kind, origin)
     estimate = index.valuer.estimate(
         index.L, base, frontier, frontier % BLOCK_TOKENS != 0, demand, prior
     )
@@ -165,7 +164,7 @@ def publish(
         index.residency.attach_tail(s, tail_device, tail_device_tokens, R.RESIDENT)
     s.l_at, s.last_hit_tick = index.L, index.tick
     s.demand = demand
-    s.prior = index.source_hits.prior(key_of(kind, origin))  # fixed now: values stay checkable
+    s.prior = index.prior_of(kind, origin)  # fixed now: values stay checkable
     owner = link_snapshot(index, s)
     # The lineage is read now, not at reservation: a lane may hold several reservations at
     # once (taps captured inside one pass), each superseding the ones published before it.

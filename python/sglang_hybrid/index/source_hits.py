@@ -1,10 +1,11 @@
 """SourceHits: how often a snapshot of each origin was resumed from, learned (issues #36, #37).
 
 Keys are ``TapSource`` values for planned taps and ``ENDPOINT`` (0) for endpoints (§7.7). Two
-readers: the split rule prices a split by the expected resumes of its tap's source, and GDSF
-values a new snapshot by them (``prior``): a class of snapshots the traffic never resumes from
-(learned follow-up taps on hint-less chat, endpoints of a template that re-renders its answers)
-then goes before one it does, instead of weighing as a snapshot expected to be hit once.
+readers: the split rule prices a split by the expected resumes of its tap's source, and with a
+host tier GDSF values a new snapshot by them (``prior``, ``PrefixIndex.prior_of``): a class of
+snapshots the traffic never resumes from (learned follow-up taps on hint-less chat, endpoints of
+a template that re-renders its answers) then goes before one it does, instead of weighing as a
+snapshot expected to be hit once.
 
 Counts only, halved every ``HALF_LIFE`` publications (traffic changes; never time: every TP rank
 sees the same stream). Before evidence a key is assumed to be resumed from once per snapshot

@@ -93,10 +93,14 @@ class HostTransfers:
 
     def plan_image_write(self, s: Snapshot) -> tuple[tuple[int, ...], int] | None:
         """Host slabs for ``s``'s image (and tail): refused when GDSF would have to evict something
-        worth more (§9.3); then ``s`` stays device-only. Returns (image slabs, tail slab or -1)."""
+        worth more (§9.3); then ``s`` stays device-only. Returns (image slabs, tail slab or -1).
+
+        A snapshot superseded when it is published (a re-rendered answer's endpoint,
+        ``supersession.lineage``) is not written: the host would evict it first, after it had
+        displaced something retained to land (issue #37)."""
         ix = self.index
         host = ix.host
-        if host is None or s.host_state is not R.ABSENT:
+        if host is None or s.host_state is not R.ABSENT or s.superseded:
             return None
         want_tail = bool(s.tail) and s.tail_host_state is R.ABSENT
         k = host.image_slabs + (1 if want_tail else 0)

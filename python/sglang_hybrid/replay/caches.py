@@ -203,7 +203,7 @@ def host_cache_mib(host_bytes: int, geometry: Geometry, tiny_token_bytes: int) -
 def image_charge_bytes(geometry: Geometry, tiny_token_bytes: int) -> int:
     """The tiny slabs' bytes a state image of ``geometry`` spans, as KV blocks do the same ratio.
 
-    A tiny model's image takes about 3 of its host slabs, a 27B's 37 and an 80B's 19 of theirs:
+    A tiny model's image takes about 3 of its host slabs, a 27B's 37 and an 80B's 50 of theirs:
     charged its own bytes, an image cost the replay's host tier a twelfth of what it costs on a
     GPU server, and host-tier figures (chat, Mooncake) kept states a server could not (before
     issue #37's review they did). The index charges this many bytes per image instead (host
