@@ -128,21 +128,27 @@ def test_a_continuing_step_s_last_tap_goes_with_its_endpoint() -> None:
 
 def test_a_re_rendered_answer_is_left_with_its_prompt_end_tap() -> None:
     """Issue #37: a next turn that re-renders the answer (a template stripping reasoning)
-    resumes from the prompt-end tap and leaves that turn's endpoint; its own endpoint is
-    published superseded, since its successor will leave it the same way."""
+    resumes from the prompt-end tap and leaves that turn's endpoint; its own endpoint is kept
+    off the host, since its next turn will leave it the same way, but stays retained on the
+    device, where an agent's next tool step (seconds later) continues it."""
     idx, dev = make_index(host_slabs=400, slots=12), Device()
     t0, e0 = run(idx, dev, X[:300], taps=[299])  # prompt end (n - 1), then the answer's end
     assert t0.sibling_endpoint == e0.id and not t0.superseded and not e0.superseded
+    assert not e0.device_only  # nothing is known of the template yet: written, as the spec
     turn1 = X[:299] + [7] * 100  # the answer re-rendered: it leaves the tree after the tap
     assert idx.match(key(turn1)).best is t0
     t1, e1 = run(idx, dev, turn1, taps=[398])
     assert t0.superseded and e0.superseded  # both of the turn the lineage moved on from
-    assert not t1.superseded and e1.superseded and t1.sibling_endpoint == e1.id
-    # Superseded at birth, it is not written to the host tier (it would go first anyway).
+    assert not t1.superseded and not e1.superseded and t1.sibling_endpoint == e1.id
+    assert e1.device_only
     assert t1.host_state is Residency.RESIDENT and e1.host_state is Residency.ABSENT
+    assert e1.image_on_device
     idx.check_integrity()
-    # Kept until the tiers need room; a resend that does use the answer retains it again.
-    assert idx.match(key(X[:299] + [7] * 100 + [1])).best is e1
+    # A tool step that echoes the answer resumes from it on the device.
+    step = [*turn1, 1, 2, 3]
+    assert idx.match(key(step)).best is e1
+    (e2,) = run(idx, dev, step, taps=[])
+    assert e1.superseded and not e2.device_only  # it continued an endpoint: an echoing lane
     idx.check_integrity()
 
 

@@ -8,19 +8,25 @@ To free slabs:
 3. otherwise the retained snapshot with the minimum H, then 1 (its exclusive path just died);
    L := H(victim). A victim still complete on the device only gives up its host copy. While the
    cache thrashes, only for a newcomer used more often than the victim (``newcomers``).
+   Once the reuse ages are learned (``hit_density``), the victim may instead be the lowest
+   ``density * C / Z`` among a sample: GDSF's cost and size, its recency order replaced by what
+   the traffic's ages say; the two orders duel by their victims' early returns (issue #37).
 
 An image write bounds step 3 with its own priority: GDSF never inserts what it would evict next,
 so when the victim is worth more the write is refused and the new snapshot stays device-only
-(§9.2). KV block writes are not bounded. Pinned, durable or filling objects are never touched.
+(§9.2); under the learned order the newcomer is priced at age 0. KV block writes are not
+bounded. Pinned, durable or filling objects are never touched.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .hit_density import GDSF, LEARNED, SAMPLE
 from .newcomers import snapshot_uses
 from .node import BlockNode, FastResidency
 from .snapshot import Snapshot
+from .source_hits import key_of
 
 if TYPE_CHECKING:
     from .prefix_index import PrefixIndex
@@ -29,10 +35,15 @@ R = FastResidency  # Residency, read faster (node.py)
 
 
 def make_room(
-    index: PrefixIndex, k: int, *, bound: float | None = None, uses: int = 1 << 62
+    index: PrefixIndex,
+    k: int,
+    *,
+    bound: Snapshot | None = None,
+    uses: int = 1 << 62,
 ) -> bool:
     """Evict until ``k`` slabs are free; False (having evicted only what it may) when it cannot.
 
+    ``bound``: the snapshot being written; a victim worth more than it is not evicted.
     ``uses``: the newcomer's use count; GDSF's victim goes only when used less often
     (``newcomers``: while the cache thrashes the index passes it, else it is unbounded)."""
     host = index.host
@@ -49,17 +60,34 @@ def make_room(
             index.stats.host_superseded_evicted += 1
             index.delete_snapshot(victim)
             continue
-        victim = min_h_victim(index)
-        if victim is None or (bound is not None and victim.h > bound):
+        order = index.density.order() if index.density is not None else GDSF
+        learned = order == LEARNED
+        victim = density_victim(index) if learned else min_h_victim(index)
+        if victim is None or (
+            bound is not None
+            and _worth(index, victim, learned) > _worth(index, bound, learned, age=0)
+        ):
             return False
         if snapshot_uses(victim) >= uses:
             return False
         index.stats.host_gdsf_evicted += 1
-        index.raise_inflation(victim.h)
-        if victim.complete_on_device:
-            index.drop_snapshot_host(victim)
-        else:
+        if not learned:
+            index.raise_inflation(victim.h)  # GDSF's aging; the learned order has no H to age by
+        gone = not victim.complete_on_device
+        if index.density is not None:
+            anchor = victim.anchor
+            index.density.note_eviction(
+                key_of(victim.kind, victim.origin),
+                victim.hits,
+                index.requests - victim.used_at,
+                anchor.lookup_hash if gone and not anchor.is_root else 0,
+                victim.used_at,
+                order,
+            )
+        if gone:
             index.delete_snapshot(victim)
+        else:
+            index.drop_snapshot_host(victim)
     return True
 
 
@@ -84,6 +112,29 @@ def min_h_victim(index: PrefixIndex) -> Snapshot | None:
     """The retained host-resident snapshot with the lowest H, ties to the oldest (§9.3)."""
     assert index.gdsf is not None  # a host tier has its queue
     return index.gdsf.min_victim(_evictable)
+
+
+def _worth(index: PrefixIndex, s: Snapshot, learned: bool, age: int | None = None) -> float:
+    """What step 3 compares: H, or under the learned order density * C / Z (at ``age``)."""
+    if not learned:
+        return s.h
+    assert index.density is not None
+    a = index.requests - s.used_at if age is None else age
+    d = index.density.density(key_of(s.kind, s.origin), s.hits, a)
+    return d * s.cost / s.size if s.size > 0 else 0.0
+
+
+def density_victim(index: PrefixIndex) -> Snapshot | None:
+    """The lowest ``density * C / Z`` among ``SAMPLE`` evictable candidates; ties to the one used
+    longest ago, then the oldest (``hit_density``)."""
+    assert index.gdsf is not None
+    best: Snapshot | None = None
+    key = (0.0, 0, 0)
+    for s in index.gdsf.sample(SAMPLE, _evictable):
+        k = (_worth(index, s, True), s.used_at, s.id)
+        if best is None or k < key:
+            best, key = s, k
+    return best
 
 
 def scan_min_h_victim(index: PrefixIndex) -> Snapshot | None:

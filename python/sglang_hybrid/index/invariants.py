@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from . import host_eviction
 from . import valuation as val
 from .device_slots import STAGING
+from .gdsf_queue import holds_host_copy
 from .keys import BLOCK_TOKENS
 from .node import BlockNode, FastResidency
 from .snapshot import Snapshot
@@ -156,6 +157,9 @@ def check_integrity(index: PrefixIndex) -> None:
         queued, scanned = host_eviction.min_h_victim(index), host_eviction.scan_min_h_victim(index)
         if queued is not scanned:
             _fail(f"GDSF queue chose {queued}, a scan chooses {scanned}")
+        for s in index.snapshots.values():  # the learned order samples from every candidate
+            if not s.superseded and holds_host_copy(s) and not index.gdsf.in_pool(s):
+                _fail(f"{s}: a host eviction candidate missing from the sampling pool")
 
     # per-branch path counters: own anchored snapshots + children whose count is nonzero
     live: dict[int, int] = {}

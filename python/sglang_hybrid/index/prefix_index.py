@@ -24,7 +24,8 @@ functions it delegates to: ``publication``, ``eviction``, ``persist``). Upper la
 the index only through its public methods and parts.
 
 Every mutation keeps the invariants of §10; :func:`~.invariants.check_integrity` verifies them.
-All bookkeeping is O(1) or O(path); host victim selection is O(snapshots) (§9.3).
+All bookkeeping is O(1) or O(path); a host victim is found in O(log snapshots) (the GDSF heap)
+or O(64) (the learned order's sample).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from .device_lru import DeviceLRU
 from .device_slots import DeviceSnapshotSlots
 from .followups import WINDOW_TOKENS, FollowUpOffsets
 from .gdsf_queue import GdsfQueue
+from .hit_density import HitDensity
 from .host_slabs import HostSlabPool
 from .keys import BLOCK_BYTES, BLOCK_TOKENS, PromptKey
 from .lane import Lane
@@ -103,6 +105,8 @@ class PrefixIndex:
         # GDSF victim order (§9.3), with a host tier: pushed by ``valuer`` on every new H and by
         # ``transfers`` when an image write starts; popped lazily by ``host_eviction``.
         self.gdsf: GdsfQueue | None = GdsfQueue(self.snapshots) if config.has_host else None
+        # Reuse ages, hits and host evictions (``hit_density``): the host's learned order.
+        self.density: HitDensity | None = HitDensity() if config.has_host else None
         self.valuer = val.Valuer(
             cost, image_bytes, slab_bytes, host=config.has_host, queue=self.gdsf
         )
@@ -175,6 +179,11 @@ class PrefixIndex:
     def drain_freed_device(self) -> list[tuple[object, int]]:
         """Device handles (and their token footprint) the index dropped since the last drain."""
         return self.residency.drain_freed()
+
+    @property
+    def requests(self) -> int:
+        """Lanes opened so far: the clock of reuse ages (``hit_density``), counts, never time."""
+        return self._next_lane - 1
 
     # ================================================================ lookup
     def match(self, key: PromptKey, limit: int | None = None) -> Match:
@@ -268,8 +277,11 @@ class PrefixIndex:
         taken = 0  # blocks whose page the tree took
         self.tick += 1
         tick = self.tick
+        density = self.density if self.density is not None and self.density.ghosts else None
         for b in range(start, end):
             h, tokens = hashes[b], data[b * bb : (b + 1) * bb]
+            if density is not None:
+                density.recall(h, self.requests)  # an evicted snapshot's anchor, again?
             x = extra_of(b) if extra_of is not None else 0
             node = tree.find_child(parent, h, tokens, x) if parent.n_children else None
             if node is None:
@@ -449,8 +461,9 @@ class PrefixIndex:
             s.demand -= 1  # an expected hit came: it moves from demand to hits
         s.hits += 1
         self.source_hits.note_hit(key_of(s.kind, s.origin))
-        s.l_at = self.L
-        s.last_hit_tick = self.tick
+        if self.density is not None:
+            self.density.note_hit(key_of(s.kind, s.origin), s.hits - 1, self.requests - s.used_at)
+        s.l_at, s.last_hit_tick, s.used_at = self.L, self.tick, self.requests
         if s.superseded:  # a hit retains it again until the lineage moves on (§9.3)
             owner = add_retained(s)  # while still flagged: the owner is someone else
             s.superseded = False
@@ -461,10 +474,7 @@ class PrefixIndex:
 
     def prior_of(self, kind: SnapshotKind, origin: int) -> float:
         """GDSF's prior of a new snapshot (``source_hits``): learned with a host tier, the spec's 1
-        without. On the device alone slots turn over within seconds and hold what the running
-        lanes will resume from next; there the learned prior cost the hint-less agent replay
-        1-5 % more prefill at 32 and 64 GiB (issue #37), while the host tier's long tail is
-        where never-resumed origins displaced conversations."""
+        without (device slots turn over within seconds; docs/index.md says what it cost)."""
         if self.host is None:
             return 1.0
         return self.source_hits.prior(key_of(kind, origin))
@@ -585,7 +595,7 @@ class PrefixIndex:
         if tail:
             s.tail_host_slab, s.tail_host_state = tail_slab, R.RESIDENT
         s.host_slabs, s.host_state = image_slabs, R.RESIDENT
-        s.hits, s.l_at, s.last_hit_tick = hits, self.L, self.tick
+        s.hits, s.l_at, s.last_hit_tick, s.used_at = hits, self.L, self.tick, self.requests
         publication.link_snapshot(self, s)
         self.epoch += 1
         return s

@@ -162,7 +162,7 @@ def publish(
     index.slots.take(slot, s)
     if tail:
         index.residency.attach_tail(s, tail_device, tail_device_tokens, R.RESIDENT)
-    s.l_at, s.last_hit_tick = index.L, index.tick
+    s.l_at, s.last_hit_tick, s.used_at = index.L, index.tick, index.requests
     s.demand = demand
     s.prior = index.prior_of(kind, origin)  # fixed now: values stay checkable
     owner = link_snapshot(index, s)
@@ -170,7 +170,7 @@ def publish(
     # once (taps captured inside one pass), each superseding the ones published before it.
     moved_on = lineage(lane, frontier, kind, index.snapshots)
     if kind is SnapshotKind.ENDPOINT and lane.left_answer:
-        moved_on.append(s)  # its successor will re-render this answer too (supersession.py)
+        s.device_only = True  # its next turn will re-render this answer too (supersession.py)
     recost, resize = supersede_all(index, moved_on)
     index._revalue([*val.retained_frontier_below(s), *recost], [s, owner, *resize])
     index.residency.tail_changed(s)

@@ -65,6 +65,11 @@ class Snapshot:
     # it, superseded once a later request resumes from this tap, since that request left the
     # endpoint's path (``supersession.lineage``); -1: none. Only set by ``PrefixIndex.publish``.
     sibling_endpoint: int = -1
+    # The endpoint of a lane that re-rendered the answer before it (``Lane.left_answer``): its
+    # own next turn will re-render this one too, minutes later, so it is never written to the
+    # host; on the device it serves what comes within seconds (an agent's next tool step echoes
+    # it). Only set by ``PrefixIndex.publish``.
+    device_only: bool = False
     # GDSF (§9.3): H = l_at + (prior + hits + demand) * cost / size, ``prior`` the spec's 1
     # learned per origin (``source_hits``, fixed at publication). prior, hits, demand, l_at and
     # last_hit_tick are only changed by ``PrefixIndex`` (publish, a hit, adopt_snapshot); cost,
@@ -77,6 +82,11 @@ class Snapshot:
     size: float = 0.0
     h: float = 0.0
     last_hit_tick: int = 0
+    # Requests opened (``PrefixIndex.requests``) at publication or the last hit: its age for
+    # ``hit_density``. Only changed by ``PrefixIndex`` (publish, a hit, adopt_snapshot).
+    used_at: int = 0
+    # Its place in ``GdsfQueue``'s sampling pool, -1 when not there; only changed by the queue.
+    pool_pos: int = -1
     # Nearest snapshot above on the path, and the snapshots that record this one as theirs;
     # only changed by ``links`` (link, unlink).
     ancestor: Snapshot | None = None

@@ -44,8 +44,10 @@ def lineage(
     - A lane that resumed from an earlier request's prompt-end tap and went on past it
       re-rendered that request's answer (a template that strips reasoning): that answer's
       endpoint is left for good (``sibling_endpoint``; only a resend with the reasoning echoed
-      could use it) and is superseded with the tap, and the lane's own endpoint is published
-      superseded (``Lane.left_answer``, in ``publication.publish``).
+      could use it) and is superseded with the tap, and the lane's own endpoint is kept off the
+      host (``Lane.left_answer``, ``Snapshot.device_only``): its next turn will re-render it
+      too, minutes later, but within a turn an agent's tool step echoes it seconds later
+      (publishing it superseded cost the agent replay up to 3 % more prefill).
     - A lane reached otherwise (from the root, a ladder rung, a boundary) keeps both, as the
       spec does: nothing is known of its template yet.
 

@@ -95,17 +95,17 @@ class HostTransfers:
         """Host slabs for ``s``'s image (and tail): refused when GDSF would have to evict something
         worth more (§9.3); then ``s`` stays device-only. Returns (image slabs, tail slab or -1).
 
-        A snapshot superseded when it is published (a re-rendered answer's endpoint,
-        ``supersession.lineage``) is not written: the host would evict it first, after it had
-        displaced something retained to land (issue #37)."""
+        A superseded snapshot is not written: the host would evict it first, after it had
+        displaced something retained to land; nor is a re-rendered answer's endpoint
+        (``Snapshot.device_only``, issue #37)."""
         ix = self.index
         host = ix.host
-        if host is None or s.host_state is not R.ABSENT or s.superseded:
+        if host is None or s.host_state is not R.ABSENT or s.superseded or s.device_only:
             return None
         want_tail = bool(s.tail) and s.tail_host_state is R.ABSENT
         k = host.image_slabs + (1 if want_tail else 0)
         ix.pin_snapshot(s)  # the victim search must not pick the snapshot being written
-        ok = make_room(ix, k, bound=s.h, uses=ix.newcomer_uses(snapshot_uses(s)))
+        ok = make_room(ix, k, bound=s, uses=ix.newcomer_uses(snapshot_uses(s)))
         ix.unpin_snapshot(s)
         if not ok:
             ix.stats.image_writes_refused += 1

@@ -1,0 +1,209 @@
+"""Hit density: the host tier's victim by the traffic's reuse ages (issue #37, beyond §9.3).
+
+GDSF's inflation L makes its order recency among snapshots of equal value: the snapshot used
+longest ago goes first. That is right when reuse comes soonest after a use (heavy-tailed think
+times: a conversation idle for an hour is probably over) and wrong when it does not: with think
+times spread over minutes, a conversation idle for eight minutes comes back *sooner* than one
+that just answered, and LRU keeps the wrong ones (the hint-less chat replay of
+``docs/benchmarks.md``: Belady's order keeps half again as much). Neither shape is known in
+advance, so the order is learned: LHD (Beckmann, Chen, Cidon, NSDI 2018) ranks an object by its
+*hit density*, the hits it is expected to get per unit of space and time, from two histograms
+over age: how old snapshots were when resumed from (hits) and when evicted (ends without one):
+
+    density(a) = sum_{x >= a} hits(x) / sum_{x >= a} (hits(x) + evictions(x)) * (x - a)
+
+(expected hits over expected remaining lifetime, for a snapshot that reached age ``a``). On
+reuse that decays with age this is decreasing, and the order is LRU's; on reuse that peaks late
+it keeps the old and lets the young go; past the oldest age ever resumed from it is 0.
+
+A learned order must see past its own evictions: once the order evicts at some age, no hit
+beyond it is ever observed and the histograms would confirm the order that made them (under
+LRU, that reuse never comes late). So an evicted snapshot's anchor block is remembered (a
+*ghost*, by lookup hash, as ``newcomers.GhostBlocks`` remembers blocks): when a later request
+commits that block again, the snapshot would have been resumed from at that age, and its
+eviction is counted as that hit instead. Every ghost a request passes is credited: a tap above
+a conversation's last state would have served it had the state gone alone.
+
+Neither order wins everywhere (the Mooncake replay reuses less under the learned one: its
+reuse is many requests sharing prefixes, where GDSF's recency and frequency serve), so the two
+duel, as a CPU cache's insertion policies do (Qureshi et al., ISCA 2007), by regret: a victim
+met again (its ghost recalled) sooner than the cache's usual eviction age would have been a
+hit had it been kept. The order with fewer such returns per eviction decides; every
+``EXPLORE_EVERY``-th eviction step the other does, so both keep being measured.
+
+Ages count requests (lanes opened since the snapshot's publication or last hit), never time:
+every TP rank sees the same stream and takes the same victim. Bins are geometric, eight to an
+octave, so short and long reuse both resolve. Histograms are kept per class: the snapshot's
+origin (``source_hits.key_of``: endpoints, prompt-end taps, ladder rungs...) and how often it
+was resumed from (0, 1, 2 or more: LHD's frequency classes; a prefix many requests share is
+resumed from again soon, a conversation's state once), each also pooled over origins; a class
+with too few events reads the pooled one of its frequency, then the pool of all. Before
+``WARM`` events GDSF decides: a cache's first minutes have no ages to learn from.
+
+The victim: the lowest ``density * C / Z`` (GDSF's cost and size: compute saved per byte) among
+``SAMPLE`` candidates drawn deterministically from the host's candidates
+(``GdsfQueue.sample``), as LHD samples; O(SAMPLE) per eviction step, never O(snapshots).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import OrderedDict
+
+from .source_hits import N_KEYS
+
+OCTAVE_BINS = 8  # age bins per doubling
+# Bin lower edges: 0, 1, 2, ... then about 2^(k/8), up to 2^24 requests (the last bin is open).
+EDGES: tuple[int, ...] = tuple(sorted({0, *(int(2 ** (k / OCTAVE_BINS)) for k in range(24 * 8))}))
+N_BINS = len(EDGES)
+WIDTHS: tuple[int, ...] = tuple(
+    (EDGES[i + 1] - EDGES[i]) if i + 1 < N_BINS else EDGES[-1] for i in range(N_BINS)
+)
+WARM = 256  # events (hits + evictions) before the learned order replaces GDSF's
+CLASS_EVENTS = 64  # a class with fewer events reads a pooled one
+HALF_LIFE = 4096  # events after which old counts weigh half (traffic changes)
+SAMPLE = 64  # candidates compared per eviction step (LHD's sample size)
+GHOSTS = 4096  # evicted snapshots remembered at most, oldest forgotten first
+EXPLORE_EVERY = 16  # eviction steps per step taken by the order that is not preferred
+GDSF, LEARNED = 0, 1  # the duelling orders
+FREQS = 3  # frequency classes: resumed from 0, 1, 2+ times
+ANY = FREQS  # ... and the class of every frequency
+POOLED = N_KEYS  # the key of every origin
+N_CLASSES = (N_KEYS + 1) * (FREQS + 1)
+
+
+def age_bin(age: int) -> int:
+    return bisect.bisect_right(EDGES, age) - 1 if age > 0 else 0
+
+
+def _class(key: int, freq: int) -> int:
+    return key * (FREQS + 1) + freq
+
+
+def classes_of(key: int, hits: int) -> tuple[int, ...]:
+    """The histograms an event of a snapshot of ``key`` resumed from ``hits`` times counts in."""
+    f = min(hits, FREQS - 1)
+    pooled = (_class(POOLED, f), _class(POOLED, ANY))
+    return (_class(key, f), _class(key, ANY), *pooled) if 0 <= key < N_KEYS else pooled
+
+
+class HitDensity:
+    """Hits and evictions by age bin per class; densities recomputed for changed classes."""
+
+    __slots__ = (
+        "_density",
+        "_dirty",
+        "events",
+        "evict_age",
+        "evictions",
+        "ghosts",
+        "hits",
+        "mass",
+        "regret",
+        "steps",
+        "victims",
+    )
+
+    def __init__(self) -> None:
+        self.hits = [[0.0] * N_BINS for _ in range(N_CLASSES)]  # note_hit, recall
+        self.evictions = [[0.0] * N_BINS for _ in range(N_CLASSES)]  # note_eviction, recall
+        self.mass = [0.0] * N_CLASSES  # decayed events per class
+        self.events = 0  # over the life of the histograms: WARM and the halving
+        self._density = [[0.0] * N_BINS for _ in range(N_CLASSES)]
+        self._dirty: set[int] = set()  # classes changed since their densities were computed
+        # anchor lookup hash -> (key, hits, used_at, eviction bin, order, evicted at)
+        self.ghosts: OrderedDict[int, tuple[int, int, int, int, int, int]] = OrderedDict()
+        # The duel: victims and early returns per order (decayed with the histograms), the
+        # mean age at eviction (what "early" means), eviction steps decided.
+        self.victims = [0.0, 0.0]
+        self.regret = [0.0, 0.0]
+        self.evict_age = 0.0
+        self.steps = 0
+
+    @property
+    def ready(self) -> bool:
+        return self.events >= WARM
+
+    def preferred(self) -> int:
+        """The order with fewer early returns per victim (ties: GDSF, the spec's)."""
+        g, x = self.victims
+        return LEARNED if self.regret[LEARNED] * (g + 1) < self.regret[GDSF] * (x + 1) else GDSF
+
+    def order(self) -> int:
+        """The order of the next eviction step: GDSF until ``ready``, then the duel's."""
+        if not self.ready:
+            return GDSF
+        self.steps += 1
+        best = self.preferred()
+        return best if self.steps % EXPLORE_EVERY else 1 - best
+
+    def note_hit(self, key: int, hits: int, age: int) -> None:
+        """A snapshot resumed from ``hits`` times before was resumed from at ``age``."""
+        self._note(self.hits, classes_of(key, hits), age_bin(age))
+
+    def note_eviction(
+        self, key: int, hits: int, age: int, anchor_hash: int, used_at: int, order: int
+    ) -> None:
+        """A snapshot chosen by ``order`` left the host; ``anchor_hash`` 0: nothing to remember
+        it by (the root)."""
+        b = age_bin(age)
+        self._note(self.evictions, classes_of(key, hits), b)
+        self.victims[order] += 1.0
+        self.evict_age += (age - self.evict_age) / 64.0  # a mean over the last ~64 victims
+        if anchor_hash:
+            self.ghosts[anchor_hash] = (key, hits, used_at, b, order, used_at + age)
+            if len(self.ghosts) > GHOSTS:
+                self.ghosts.popitem(last=False)
+
+    def recall(self, anchor_hash: int, now: int) -> None:
+        """A request commits block ``anchor_hash`` (``now``: requests so far): if an evicted
+        snapshot was anchored there, its eviction becomes the hit it would have been."""
+        ghost = self.ghosts.pop(anchor_hash, None)
+        if ghost is None:
+            return
+        key, hits, used_at, b, order, evicted_at = ghost
+        if now - evicted_at < self.evict_age:
+            self.regret[order] += 1.0  # back before a kept snapshot would have been evicted
+        hit_bin = age_bin(now - used_at)
+        for c in classes_of(key, hits):
+            self.evictions[c][b] = max(0.0, self.evictions[c][b] - 1.0)
+            self.hits[c][hit_bin] += 1.0
+            self._dirty.add(c)
+
+    def _note(self, hist: list[list[float]], classes: tuple[int, ...], b: int) -> None:
+        for c in classes:
+            hist[c][b] += 1.0
+            self.mass[c] += 1.0
+            self._dirty.add(c)
+        self.events += 1
+        if self.events % HALF_LIFE == 0:
+            for h in (*self.hits, *self.evictions):
+                for i in range(N_BINS):
+                    h[i] *= 0.5
+            self.mass = [x * 0.5 for x in self.mass]
+            self.victims = [x * 0.5 for x in self.victims]
+            self.regret = [x * 0.5 for x in self.regret]
+            self._dirty.update(range(N_CLASSES))
+
+    def density(self, key: int, hits: int, age: int) -> float:
+        """Expected resumes per request of residence, at ``age``, of a snapshot of ``key``
+        resumed from ``hits`` times: from the first of its classes with enough events."""
+        f = min(hits, FREQS - 1)
+        c = _class(key, f) if 0 <= key < N_KEYS else _class(POOLED, f)
+        if self.mass[c] < CLASS_EVENTS:
+            c = _class(POOLED, f)
+            if self.mass[c] < CLASS_EVENTS:
+                c = _class(POOLED, ANY)
+        if c in self._dirty:
+            self._recompute(c)
+        return self._density[c][age_bin(age)]
+
+    def _recompute(self, c: int) -> None:
+        self._dirty.discard(c)
+        hits, ends, out = self.hits[c], self.evictions[c], self._density[c]
+        h = e = life = 0.0
+        for b in range(N_BINS - 1, -1, -1):  # from the oldest: what lies beyond each age
+            h += hits[b]
+            e += hits[b] + ends[b]
+            life += e * WIDTHS[b]
+            out[b] = h / life if life > 0.0 else 0.0
