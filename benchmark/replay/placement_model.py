@@ -110,7 +110,7 @@ def simulate(reqs: list[tuple[float, str, int, int, int]], capacity: int, order:
                     pool, key=lambda s: (density.density(0, 0, i - held[s][1]), held[s][1])
                 )
             size_v, used_at, _ = held.pop(victim)
-            density.note_eviction(0, 0, i - used_at, 0, used_at, LEARNED)
+            density.note_eviction(0, 0, used_at, i, 0, LEARNED)
             used -= size_v
         held[session] = (size, i, next_use[i])
         used += size

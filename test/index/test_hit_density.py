@@ -25,7 +25,7 @@ def _late_reuse(d: HitDensity, key: int = ENDPOINT, n: int = WARM) -> None:
         if i % 4:
             d.note_hit(key, 0, 40 + i % 21)
         else:
-            d.note_eviction(key, 0, 200, 0, 0, LEARNED)
+            d.note_eviction(key, 0, 0, 200, 0, LEARNED)
 
 
 def test_reuse_that_comes_late_values_the_old_above_the_young() -> None:
@@ -58,7 +58,7 @@ def test_a_snapshot_resumed_from_often_is_valued_by_its_own_class() -> None:
     while most snapshots of the same origin never are (GDSF's frequency term, learned)."""
     d = HitDensity()
     for i in range(WARM):
-        d.note_eviction(ENDPOINT, 0, 30, 0, 0, GDSF)  # most: never resumed from, evicted at 30
+        d.note_eviction(ENDPOINT, 0, 0, 30, 0, GDSF)  # most: never resumed from, evicted at 30
         if i % 2:
             d.note_hit(ENDPOINT, 2 + i % 5, 4)  # a few: resumed from again and again, soon
     assert d.density(ENDPOINT, 3, 2) > 0.0 == d.density(ENDPOINT, 0, 2)
@@ -176,13 +176,13 @@ def test_the_orders_duel_by_their_victims_early_returns() -> None:
     assert d.preferred() == GDSF  # no early return yet: the spec's order
     now = 1_000
     for i in range(40):  # a quarter of GDSF's victims come back 5 requests after eviction
-        d.note_eviction(ENDPOINT, 0, 100, 10_000 + i, now - 100, GDSF)
+        d.note_eviction(ENDPOINT, 0, now - 100, now, 10_000 + i, GDSF)
         d.recall(10_000 + i, now + (5 if i % 4 == 0 else 10_000))
     assert d.regret[GDSF] > 0 == d.regret[LEARNED]
     assert d.preferred() == LEARNED
     orders = [d.order() for _ in range(4 * EXPLORE_EVERY)]
     assert orders.count(GDSF) == 4 and orders.count(LEARNED) == 4 * EXPLORE_EVERY - 4
     for i in range(400):  # now the learned order's victims come back at once
-        d.note_eviction(ENDPOINT, 0, 100, 20_000 + i, now - 100, LEARNED)
+        d.note_eviction(ENDPOINT, 0, now - 100, now, 20_000 + i, LEARNED)
         d.recall(20_000 + i, now + 1)
     assert d.preferred() == GDSF

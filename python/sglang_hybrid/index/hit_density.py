@@ -142,16 +142,17 @@ class HitDensity:
         self._note(self.hits, classes_of(key, hits), age_bin(age))
 
     def note_eviction(
-        self, key: int, hits: int, age: int, anchor_hash: int, used_at: int, order: int
+        self, key: int, hits: int, used_at: int, now: int, anchor_hash: int, order: int
     ) -> None:
-        """A snapshot chosen by ``order`` left the host; ``anchor_hash`` 0: nothing to remember
-        it by (the root)."""
+        """A snapshot last used at ``used_at``, chosen by ``order``, left the host at ``now``
+        (requests); ``anchor_hash`` 0: nothing to remember it by (the root)."""
+        age = now - used_at
         b = age_bin(age)
         self._note(self.evictions, classes_of(key, hits), b)
         self.victims[order] += 1.0
         self.evict_age += (age - self.evict_age) / 64.0  # a mean over the last ~64 victims
         if anchor_hash:
-            self.ghosts[anchor_hash] = (key, hits, used_at, b, order, used_at + age)
+            self.ghosts[anchor_hash] = (key, hits, used_at, b, order, now)
             if len(self.ghosts) > GHOSTS:
                 self.ghosts.popitem(last=False)
 

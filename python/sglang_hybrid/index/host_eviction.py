@@ -79,9 +79,9 @@ def make_room(
             index.density.note_eviction(
                 key_of(victim.kind, victim.origin),
                 victim.hits,
-                index.requests - victim.used_at,
-                anchor.lookup_hash if gone and not anchor.is_root else 0,
                 victim.used_at,
+                index.requests,
+                anchor.lookup_hash if gone and not anchor.is_root else 0,
                 order,
             )
         if gone:

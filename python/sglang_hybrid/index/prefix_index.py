@@ -277,11 +277,14 @@ class PrefixIndex:
         taken = 0  # blocks whose page the tree took
         self.tick += 1
         tick = self.tick
-        density = self.density if self.density is not None and self.density.ghosts else None
+        # Anchors of evicted snapshots (``hit_density``): one dict probe per block, once any.
+        density, now = self.density, self.requests
+        lost = density.ghosts if density is not None and density.ghosts else None
         for b in range(start, end):
             h, tokens = hashes[b], data[b * bb : (b + 1) * bb]
-            if density is not None:
-                density.recall(h, self.requests)  # an evicted snapshot's anchor, again?
+            if lost is not None and h in lost:
+                assert density is not None
+                density.recall(h, now)
             x = extra_of(b) if extra_of is not None else 0
             node = tree.find_child(parent, h, tokens, x) if parent.n_children else None
             if node is None:
