@@ -84,17 +84,20 @@ def simulate(reqs: list[tuple[float, str, int, int, int]], capacity: int, order:
     for i in range(len(reqs) - 1, -1, -1):
         next_use[i] = nxt.get(reqs[i][1], math.inf)
         nxt[reqs[i][1]] = reqs[i][0]
-    held: dict[str, tuple[int, int, float]] = {}  # session -> (tokens, used_at, next use)
+    # session -> (tokens, used_at, next use, resumes so far: the lineage's hits)
+    held: dict[str, tuple[int, int, float, int]] = {}
     used = reused = total = 0
     density = HitDensity()
     rng = random.Random(1)
     for i, (_, session, n, reuse, history) in enumerate(reqs):
         total += n
+        k = 0
         if session in held:
-            size, used_at, _ = held.pop(session)
+            size, used_at, _, k = held.pop(session)
             used -= size
             reused += reuse
-            density.note_hit(0, 0, i - used_at)
+            density.note_hit(0, k, i - used_at)
+            k += 1
         else:
             reused += min(SYSTEM, n)
         size = history - SYSTEM + STATE_TOKENS
@@ -107,12 +110,13 @@ def simulate(reqs: list[tuple[float, str, int, int, int]], capacity: int, order:
                 names = list(held)
                 pool = names if len(names) <= SAMPLE else rng.sample(names, SAMPLE)
                 victim = min(
-                    pool, key=lambda s: (density.density(0, 0, i - held[s][1]), held[s][1])
+                    pool,
+                    key=lambda s: (density.density(0, held[s][3], i - held[s][1]), held[s][1]),
                 )
-            size_v, used_at, _ = held.pop(victim)
-            density.note_eviction(0, 0, used_at, i, 0, LEARNED)
+            size_v, used_at, _, k_v = held.pop(victim)
+            density.note_eviction(0, k_v, used_at, i, 0, LEARNED)
             used -= size_v
-        held[session] = (size, i, next_use[i])
+        held[session] = (size, i, next_use[i], k)
         used += size
     return reused / total
 

@@ -14,6 +14,7 @@ from sglang_hybrid.index.hit_density import (
     WARM,
     HitDensity,
     age_bin,
+    freq_class,
 )
 from sglang_hybrid.index.host_eviction import density_victim, make_room, min_h_victim
 from sglang_hybrid.index.source_hits import ENDPOINT
@@ -63,6 +64,38 @@ def test_a_snapshot_resumed_from_often_is_valued_by_its_own_class() -> None:
             d.note_hit(ENDPOINT, 2 + i % 5, 4)  # a few: resumed from again and again, soon
     assert d.density(ENDPOINT, 3, 2) > 0.0 == d.density(ENDPOINT, 0, 2)
     assert d.density(ENDPOINT, 3, 8) == 0.0  # past every resume seen
+
+
+def test_a_conversation_counts_its_turns_across_its_snapshots() -> None:
+    """Each turn publishes a new endpoint, so a snapshot's own hits never pass one: LHD's
+    frequency is its lineage's (the turns before it, a prompt's repeats), inherited from the
+    snapshot its lane resumed from."""
+    idx, dev = make_index(host_slabs=400, slots=4), Device()
+    prompt = list(range(1, 130))
+    ends = []
+    for turn in range(4):
+        (s,) = run(idx, dev, prompt)
+        assert s.kind is SnapshotKind.ENDPOINT and s.frontier == len(prompt)
+        ends.append(s)
+        prompt = prompt + [1000 * (turn + 1) + t for t in range(70)]  # the next turn continues it
+    assert [s.inherited for s in ends] == [0, 1, 2, 3]
+    assert [s.lineage_hits for s in ends] == [1, 2, 3, 3]  # the last one not resumed from yet
+    idx.check_integrity()
+    # Classes by lineage hits: one each up to 3, then wider (a session's 10th turn is like its 9th).
+    assert [freq_class(h) for h in (0, 1, 2, 3, 4, 5, 6, 8, 9, 15, 16, 1000)] == [
+        0,
+        1,
+        2,
+        3,
+        4,
+        4,
+        5,
+        5,
+        6,
+        6,
+        7,
+        7,
+    ]
 
 
 def test_age_bins_resolve_short_and_long_ages() -> None:

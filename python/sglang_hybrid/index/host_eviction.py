@@ -78,7 +78,7 @@ def make_room(
             anchor = victim.anchor
             index.density.note_eviction(
                 key_of(victim.kind, victim.origin),
-                victim.hits,
+                victim.lineage_hits,
                 victim.used_at,
                 index.requests,
                 anchor.lookup_hash if gone and not anchor.is_root else 0,
@@ -120,7 +120,7 @@ def _worth(index: PrefixIndex, s: Snapshot, learned: bool, age: int | None = Non
         return s.h
     assert index.density is not None
     a = index.requests - s.used_at if age is None else age
-    d = index.density.density(key_of(s.kind, s.origin), s.hits, a)
+    d = index.density.density(key_of(s.kind, s.origin), s.lineage_hits, a)
     return d * s.cost / s.size if s.size > 0 else 0.0
 
 

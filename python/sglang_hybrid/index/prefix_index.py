@@ -465,7 +465,9 @@ class PrefixIndex:
         s.hits += 1
         self.source_hits.note_hit(key_of(s.kind, s.origin))
         if self.density is not None:
-            self.density.note_hit(key_of(s.kind, s.origin), s.hits - 1, self.requests - s.used_at)
+            self.density.note_hit(
+                key_of(s.kind, s.origin), s.lineage_hits - 1, self.requests - s.used_at
+            )
         s.l_at, s.last_hit_tick, s.used_at = self.L, self.tick, self.requests
         if s.superseded:  # a hit retains it again until the lineage moves on (§9.3)
             owner = add_retained(s)  # while still flagged: the owner is someone else

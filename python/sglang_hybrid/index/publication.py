@@ -164,6 +164,8 @@ def publish(
         index.residency.attach_tail(s, tail_device, tail_device_tokens, R.RESIDENT)
     s.l_at, s.last_hit_tick, s.used_at = index.L, index.tick, index.requests
     s.demand = demand
+    src = lane.resumed_from
+    s.inherited = src.inherited + src.hits if src is not None else 0
     s.prior = index.prior_of(kind, origin)  # fixed now: values stay checkable
     owner = link_snapshot(index, s)
     # The lineage is read now, not at reservation: a lane may hold several reservations at

@@ -85,12 +85,21 @@ class Snapshot:
     # Requests opened (``PrefixIndex.requests``) at publication or the last hit: its age for
     # ``hit_density``. Only changed by ``PrefixIndex`` (publish, a hit, adopt_snapshot).
     used_at: int = 0
+    # Resumes of its lineage before it was published: the snapshot its lane resumed from had
+    # been resumed from ``inherited + hits`` times (a conversation's turn count, a prompt's
+    # repeats). ``lineage_hits`` is LHD's frequency for ``hit_density``: each turn publishes a
+    # new snapshot, so its own hits alone never count past one. Only set by ``PrefixIndex.publish``.
+    inherited: int = 0
     # Its place in ``GdsfQueue``'s sampling pool, -1 when not there; only changed by the queue.
     pool_pos: int = -1
     # Nearest snapshot above on the path, and the snapshots that record this one as theirs;
     # only changed by ``links`` (link, unlink).
     ancestor: Snapshot | None = None
     dependents: list[Snapshot] = field(default_factory=list)
+
+    @property
+    def lineage_hits(self) -> int:
+        return self.inherited + self.hits
 
     @property
     def tail_len(self) -> int:
