@@ -17,6 +17,7 @@ an order could add at the same capacity (``docs/benchmarks.md``, "Where Mooncake
 loses against the bound").
 
     python benchmark/replay/block_orders.py [TRACE] [--mtokens 3.4 4.2 5.59] [--out DIR]
+        [--mark "hybrid, 32 + 96 GiB host=33.5"]
 
 Prints reuse per order and capacity, writes ``block_orders.json`` and a plot to ``--out``.
 Seconds to a minute per capacity on one core.
@@ -137,6 +138,13 @@ def main() -> int:
     p.add_argument("trace", nargs="?", default="../shared/traces/mooncake_synthetic_trace.jsonl")
     p.add_argument("--mtokens", type=float, nargs="+", default=[2.5, 3.4, 4.2, 5.59, 7.0])
     p.add_argument("--out", default="docs/results/replay/block-orders")
+    p.add_argument(
+        "--mark",
+        nargs="*",
+        default=[],
+        metavar="LABEL=PERCENT",
+        help="horizontal reference lines on the plot (a replay's measured reuse, a target)",
+    )
     args = p.parse_args()
     reqs = load(args.trace)
     total = sum(n for _, _, n in reqs)
@@ -152,7 +160,7 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "block_orders.json").write_text(
-        json.dumps({"trace": args.trace, "block": BLOCK, "rows": rows}, indent=1) + "\n"
+        json.dumps({"trace": Path(args.trace).name, "block": BLOCK, "rows": rows}, indent=1) + "\n"
     )
     try:
         import matplotlib
@@ -164,11 +172,14 @@ def main() -> int:
     fig, ax = plt.subplots(figsize=(6, 4))
     for name in ORDERS:
         ax.plot([r["mtokens"] for r in rows], [100 * r[name] for r in rows], "o-", label=name)
+    for i, mark in enumerate(args.mark):
+        label, _, value = mark.rpartition("=")
+        ax.axhline(float(value), ls="--", lw=1, color=f"C{3 + i}", label=label)
     ax.set_xlabel("capacity (M tokens of KV)")
     ax.set_ylabel("prompt tokens reused (%)")
     ax.set_title(f"{Path(args.trace).stem}: reuse by capacity and order")
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
     fig.savefig(out / "reuse_vs_capacity.png", dpi=120)
     print(f"wrote {out}/block_orders.json and reuse_vs_capacity.png")

@@ -8,8 +8,9 @@ at 20k tokens/s + 20 ms per output token). It isolates the eviction order:
 
 - ``lru``: the conversation used longest ago goes (GDSF's order among equal values);
 - ``learned``: ``sglang_hybrid.index.hit_density.HitDensity``, the host tier's own class, fed
-  hits and evictions by age in requests, victim the lowest density among 64 sampled (no duel
-  with GDSF and no ghosts: a conversation evicted here is not seen again);
+  hits and evictions by age in requests and classed by the conversation's resumes so far (the
+  cache's lineage frequency), victim the lowest density among 64 sampled (no duel with GDSF and
+  no ghosts: a conversation evicted here is not seen again);
 - ``belady``: the one used again furthest in the future (clairvoyant, an upper bound).
 
 The chat trace's think times are uniform in [20, 600] s (``replay/traces/chat_sessions.py``);
