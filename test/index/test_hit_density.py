@@ -82,20 +82,8 @@ def test_a_conversation_counts_its_turns_across_its_snapshots() -> None:
     assert [s.lineage_hits for s in ends] == [1, 2, 3, 3]  # the last one not resumed from yet
     idx.check_integrity()
     # Classes by lineage hits: one each up to 3, then wider (a session's 10th turn is like its 9th).
-    assert [freq_class(h) for h in (0, 1, 2, 3, 4, 5, 6, 8, 9, 15, 16, 1000)] == [
-        0,
-        1,
-        2,
-        3,
-        4,
-        4,
-        5,
-        5,
-        6,
-        6,
-        7,
-        7,
-    ]
+    hits = (0, 1, 2, 3, 4, 5, 6, 8, 9, 15, 16, 1000)
+    assert tuple(map(freq_class, hits)) == (0, 1, 2, 3, 4, 4, 5, 5, 6, 6, 7, 7)
 
 
 def test_age_bins_resolve_short_and_long_ages() -> None:

@@ -39,10 +39,12 @@ lineage was resumed from (LHD's frequency classes: 0, 1, 2, 3, 4-5, 6-8, 9-15, 1
 pooled over origins; a class with too few events reads the pooled one of its frequency, then the
 pool of all. The frequency is the lineage's, not the snapshot's (``Snapshot.lineage_hits``): each
 turn of a conversation, each repeat of a prompt, publishes a new snapshot, so a snapshot's own
-hits never pass one, while the turns behind it say whether it comes back (a session that ran
-ten turns is nearer its end; a prompt repeated five times is repeated again). With it the chat
-replay reused 51.4 % (51.1 % without) and Mooncake 33.5 % (32.9 %); offline, whole conversations
-as the unit, 52.2 % against 51.1 % (``benchmark/replay/placement_model.py``). Before
+hits never pass one, while the turns behind it can say whether it comes back (the chat
+replay's sessions run 2-12 turns, so one that ran ten is near its end; on the Mooncake trace a
+prompt sent twice is usually sent again). With it the chat replay reused 51.4 % (51.1 %
+without), 49.4 % (48.3 %) on another seed, and Mooncake 33.5 % (32.9 %); the offline model
+(``benchmark/replay/placement_model.py``: no ghosts, so fewer events per class) gains at 96 GiB
+and loses a point at 48 and 128 (``docs/benchmarks.md``). Before
 ``WARM`` events GDSF decides: a cache's first minutes have no ages to learn from.
 
 The victim: the lowest ``density * C / Z`` (GDSF's cost and size: compute saved per byte) among
