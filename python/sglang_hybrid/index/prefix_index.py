@@ -49,7 +49,6 @@ from .lane import Lane
 from .match import Match, match_prompt
 from .newcomers import GhostBlocks, ThrashMeter, snapshot_uses
 from .node import BlockNode, FastResidency
-from .path_counts import add_retained
 from .persist import Adopted, AdoptPlan, HostExport
 from .residency import ResidencyTracker
 from .snapshot import Snapshot, SnapshotKind
@@ -460,22 +459,7 @@ class PrefixIndex:
         self.residency.tail_changed(s)
 
     def _hit(self, s: Snapshot) -> None:
-        if s.demand:
-            s.demand -= 1  # an expected hit came: it moves from demand to hits
-        s.hits += 1
-        self.source_hits.note_hit(key_of(s.kind, s.origin))
-        if self.density is not None:
-            self.density.note_hit(
-                key_of(s.kind, s.origin), s.lineage_hits - 1, self.requests - s.used_at
-            )
-        s.l_at, s.last_hit_tick, s.used_at = self.L, self.tick, self.requests
-        if s.superseded:  # a hit retains it again until the lineage moves on (§9.3)
-            owner = add_retained(s)  # while still flagged: the owner is someone else
-            s.superseded = False
-            del self.superseded[s]
-            self._revalue(list(val.retained_frontier_below(s)), [s, owner])
-        else:
-            self.valuer.recost(s)
+        publication.hit(self, s)
 
     def prior_of(self, kind: SnapshotKind, origin: int) -> float:
         """GDSF's prior of a new snapshot (``source_hits``): learned with a host tier, the spec's 1

@@ -1,12 +1,13 @@
-"""Snapshot publication: slots, publish, supersession and deletion (spec §7.4, §9.2, §9.3).
+"""Snapshot publication: slots, publish, supersession, hits and deletion (spec §7.4, §9.2, §9.3).
 
 A lane's snapshot is published in two steps: :func:`reserve_slot` takes a device slot (the
 lineage it will supersede offered as the victim first, §9.2) and the binding copies the live
 state into it; :func:`publish` enters the snapshot (listed on its anchor, counted retained,
-linked, its lineage superseded, values recomputed). :func:`delete_snapshot` is the way out, with
-every copy. Functions of one :class:`~.prefix_index.PrefixIndex`, which its methods of the same
-names call (as ``eviction`` and ``persist``); they change the index's parts only through those
-parts' methods and the index's own.
+linked, its lineage superseded, values recomputed). :func:`hit` counts a resume and retains a
+superseded snapshot again. :func:`delete_snapshot` is the way out, with every copy. Functions of
+one :class:`~.prefix_index.PrefixIndex`, which its methods of the same names call (as
+``eviction`` and ``persist``); they change the index's parts only through those parts' methods
+and the index's own.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from .lane import Lane
 from .node import FastResidency
 from .path_counts import add_live, add_retained, remove_retained
 from .snapshot import Snapshot, SnapshotKind
+from .source_hits import key_of
 from .supersession import lineage, may_supersede
 from .taps import END_TOKENS
 
@@ -253,3 +255,25 @@ def delete_snapshot(index: PrefixIndex, s: Snapshot) -> None:
         index.residency.drop_tail_device(s)
     index._revalue(below, [owner])
     index.epoch += 1
+
+
+def hit(index: PrefixIndex, s: Snapshot) -> None:
+    """A lane resumed from ``s``: an expected hit (demand) came, the learned statistics count it
+    (per origin; for the host order at its age, classed by the lineage's resumes), and a
+    superseded ``s`` is retained again until the lineage moves on (§9.3)."""
+    if s.demand:
+        s.demand -= 1
+    s.hits += 1
+    index.source_hits.note_hit(key_of(s.kind, s.origin))
+    if index.density is not None:
+        index.density.note_hit(
+            key_of(s.kind, s.origin), s.lineage_hits - 1, index.requests - s.used_at
+        )
+    s.l_at, s.last_hit_tick, s.used_at = index.L, index.tick, index.requests
+    if s.superseded:
+        owner = add_retained(s)  # while still flagged: the owner is someone else
+        s.superseded = False
+        del index.superseded[s]
+        index._revalue(list(val.retained_frontier_below(s)), [s, owner])
+    else:
+        index.valuer.recost(s)
