@@ -29,7 +29,8 @@ import argparse
 import heapq
 import json
 import sys
-from collections import OrderedDict
+from collections import ChainMap, OrderedDict
+from collections.abc import Container
 from pathlib import Path
 
 BLOCK = 512  # tokens per hash id in a Mooncake trace
@@ -54,10 +55,10 @@ def load(path: str) -> list[Request]:
     return out
 
 
-def _held_prefix(keys: list[int], full: int, held: object) -> int:
+def _held_prefix(keys: list[int], full: int, held: Container[int]) -> int:
     d = 0
     for k in keys[:full]:
-        if k not in held:  # type: ignore[operator]
+        if k not in held:
             break
         d += 1
     return d
@@ -83,13 +84,9 @@ def slru(reqs: list[Request], cap: int, protected: float = 0.5) -> int:
     prot: OrderedDict[int, None] = OrderedDict()
     limit = int(cap * protected)
     reused = 0
+    held = ChainMap(prob, prot)  # membership in either segment
     for keys, full, _ in reqs:
-        d = 0
-        for k in keys[:full]:
-            if k not in prob and k not in prot:
-                break
-            d += 1
-        reused += d
+        reused += _held_prefix(keys, full, held)
         for k in keys:
             if k in prot:
                 prot.move_to_end(k)
