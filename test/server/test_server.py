@@ -224,9 +224,14 @@ def test_refusals_name_the_missing_feature(hybrid_server: CpuServer) -> None:
 def test_a_frontend_program_forks_over_a_cached_prefix(hybrid_server: CpuServer) -> None:
     """``sglang.function`` with ``fork`` through ``RuntimeEndpoint``: branches hit the prefix.
 
-    The three branches arrive together. The first one admitted prefills the shared document in
-    chunks (one chunked request per pass) and its prompt-tail tap serves the other two in the
-    same run; a second run over the same document (new questions) hits on every branch. SGLang's
+    The three branches are sent together (SGLang's frontend sends no commit request for the
+    document first). The first one admitted prefills the shared document in chunks (one chunked
+    request per pass); a branch that arrives while it is chunked is held, and resumes at the
+    block below the divergence, which the first one taps for it. A branch that arrives only
+    after the first one's last prefill pass began finds no state inside the document yet and
+    computes it again: on a loaded 2-core machine one of them can (CI saw [0, 0, 384] once), so
+    the first run asserts only that the document was not computed by all three. The second run
+    over the same document (new questions) hits on every branch, whatever the timing. SGLang's
     own cache keeps no state inside the document and would reuse nothing here.
     """
     import sglang as sgl
@@ -250,7 +255,7 @@ def test_a_frontend_program_forks_over_a_cached_prefix(hybrid_server: CpuServer)
     first = [m["cached_tokens"] for m in branches.run(doc, "order", backend=backend).ret_value]
     second = [m["cached_tokens"] for m in branches.run(doc, "counts", backend=backend).ret_value]
     print(f"\ndocument of {n_doc} tokens; branches reused {first}, then {second}")
-    assert sorted(first)[0] == 0 and all(c >= floor for c in sorted(first)[1:])
+    assert sorted(first)[0] == 0 and sorted(first)[-1] >= floor
     assert all(c >= floor for c in second)
 
 
