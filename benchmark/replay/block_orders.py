@@ -8,6 +8,9 @@ queueing, no concurrency. Orders:
 - ``lru``: the block used longest ago goes (what ``--caches lru`` replays, at 64-token grain);
 - ``slru``: segmented LRU, a block used twice moves to a protected half (scan resistance by
   frequency, as TinyLFU's and ARC's protected segments);
+- ``ghost_slru``: the host tier's order (``host_eviction.density_victim``): a block used a
+  second time, counting uses remembered after it left (over ``GHOST_SPAN`` times the capacity,
+  as ``newcomers.GhostBlocks``), is protected; blocks used once go first;
 - ``belady``: the block used again furthest in the future goes (clairvoyant: an upper bound on
   any order at that capacity).
 
@@ -102,6 +105,29 @@ def slru(reqs: list[Request], cap: int, protected: float = 0.5) -> int:
     return reused
 
 
+def ghost_slru(reqs: list[Request], cap: int, span: int = 4) -> int:
+    uses: OrderedDict[int, int] = OrderedDict()  # resident and remembered blocks, by last use
+    once: OrderedDict[int, None] = OrderedDict()  # used once: evicted first
+    twice: OrderedDict[int, None] = OrderedDict()  # the protected class
+    reused = 0
+    held = ChainMap(once, twice)
+    for keys, full, _ in reqs:
+        reused += _held_prefix(keys, full, held)
+        for k in keys:
+            n = uses.pop(k, 0) + 1
+            uses[k] = n
+            if k in twice:
+                twice.move_to_end(k)
+                continue
+            once.pop(k, None)
+            (twice if n > 1 else once)[k] = None
+        while len(once) + len(twice) > cap:
+            (once or twice).popitem(last=False)
+        while len(uses) > span * cap:
+            uses.popitem(last=False)
+    return reused
+
+
 def belady(reqs: list[Request], cap: int) -> int:
     never = 1 << 40
     nxt: dict[int, int] = {}
@@ -127,7 +153,7 @@ def belady(reqs: list[Request], cap: int) -> int:
     return reused
 
 
-ORDERS = {"lru": lru, "slru": slru, "belady": belady}
+ORDERS = {"lru": lru, "slru": slru, "ghost_slru": ghost_slru, "belady": belady}
 
 
 def main() -> int:

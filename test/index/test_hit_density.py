@@ -145,6 +145,30 @@ def test_the_learned_order_follows_the_traffic_s_reuse_ages() -> None:
         idx.check_integrity()
 
 
+def test_a_snapshot_one_request_reached_goes_before_one_more_reached() -> None:
+    """The learned order's protected class: whatever the densities say, a snapshot whose anchor
+    block a second request reached (ghost counts included) outlives those reached once; among
+    protected ones the densities decide again."""
+    idx, _, ends = _conversations(5, host_slabs=80)
+    assert idx.density is not None
+    _late_reuse(idx.density)
+    idx.density.regret[GDSF] = 1.0
+    keep = ends[:4]
+    idx.delete_snapshot(ends[4])
+    while idx.dead:
+        assert make_room(idx, idx.host.free + 1)
+    assert density_victim(idx) is keep[-1]  # late reuse: the one used last goes
+    # A second request reached its block (or a ghost said one had before it left the tree).
+    keep[-1].anchor.uses = 2
+    assert density_victim(idx) is keep[-2]
+    for s in keep:
+        s.anchor.uses = 2
+    assert density_victim(idx) is keep[-1]
+    assert make_room(idx, idx.host.free + 1)
+    assert not keep[-1].image_on_host or keep[-1].id not in idx.snapshots
+    idx.check_integrity()
+
+
 def test_the_sample_is_bounded_and_the_same_on_every_rank() -> None:
     n = SAMPLE + 40  # more candidates than a sample holds: the draw is exercised
     victims = []

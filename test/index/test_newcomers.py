@@ -8,7 +8,7 @@ import pytest
 from helpers import Device, key, make_index
 
 from sglang_hybrid.index import SnapshotKind
-from sglang_hybrid.index.newcomers import GhostBlocks, ThrashMeter
+from sglang_hybrid.index.newcomers import GHOST_SPAN, GhostBlocks, Recalled, ThrashMeter
 from sglang_hybrid.index.node import BlockNode
 
 
@@ -65,11 +65,17 @@ def test_ghosts_remember_counts_of_blocks_that_left() -> None:
     node = BlockNode(1, None, 0, 0xABC, 0, b"")
     node.uses = 3
     g.remember(node, tree_nodes=10)
-    assert g.recall(0xABC) == 3 and g.recall(0xABC) == 0  # recalled once
-    for h in range(5000):
+    assert g.recall(0xABC) == Recalled(3, True) and g.recall(0xABC) == Recalled(0, False)
+    for h in range(10_000):
         other = BlockNode(2, None, 0, h, 0, b"")
+        other.uses = 1
         g.remember(other, tree_nodes=2000)
-    assert len(g) == 2000  # as many as the tree held at its largest
+    # Recent: as many as the tree held at its largest (ARC's span, what the thrash meter reads);
+    # counts: GHOST_SPAN times as many.
+    assert len(g.recent) == 2000 and len(g) == GHOST_SPAN * 2000
+    assert g.recall(9_999) == Recalled(1, True)  # left last
+    assert g.recall(7_999) == Recalled(1, False)  # left 2,001 departures ago: a count, no thrash
+    assert g.recall(0) == Recalled(0, False)  # forgotten
 
 
 def test_the_meter_says_thrashing_only_under_pressure_and_without_hits() -> None:

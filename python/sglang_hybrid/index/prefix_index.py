@@ -294,9 +294,9 @@ class PrefixIndex:
                 node.active_refs, node.last_access = 1, tick
                 if len(ghosts):
                     was = ghosts.recall(h)
-                    if was:  # recomputed, though the cache held it recently (``newcomers``)
+                    if was.recent:  # recomputed, though the cache held it recently (``newcomers``)
                         self.thrash.note_ghost_hit()
-                    node.uses = was + 1
+                    node.uses = was.uses + 1
                 else:
                     node.uses = 1
                 path.append(node)
