@@ -197,7 +197,7 @@ def main() -> int:
         ax.plot([r["mtokens"] for r in rows], [100 * r[name] for r in rows], "o-", label=name)
     for i, mark in enumerate(args.mark):
         label, _, value = mark.rpartition("=")
-        ax.axhline(float(value), ls="--", lw=1, color=f"C{3 + i}", label=label)
+        ax.axhline(float(value), ls="--", lw=1, color=f"C{len(ORDERS) + i}", label=label)
     ax.set_xlabel("capacity (M tokens of KV)")
     ax.set_ylabel("prompt tokens reused (%)")
     ax.set_title(f"{Path(args.trace).stem}: reuse by capacity and order")
