@@ -41,8 +41,9 @@ pool of all. The frequency is the lineage's, not the snapshot's (``Snapshot.line
 turn of a conversation, each repeat of a prompt, publishes a new snapshot, so a snapshot's own
 hits never pass one, while the turns behind it can say whether it comes back (the chat
 replay's sessions run 2-12 turns, so one that ran ten is near its end; on the Mooncake trace a
-prompt sent twice is usually sent again). With it the chat replay reused 51.4 % (51.1 %
-without), 49.4 % (48.3 %) on another seed, and Mooncake 33.5 % (32.9 %); the offline model
+prompt sent twice is usually sent again). With it (main at 28579d9, before the host's protected
+class) the chat replay reused 51.4 % (51.1 % without), 49.4 % (48.3 %) on another seed, and
+Mooncake 33.5 % (32.9 %); the offline model
 (``benchmark/replay/placement_model.py``: no ghosts, so fewer events per class) gains at 96 GiB
 and loses a point at 48 and 128 (``docs/benchmarks.md``). Before
 ``WARM`` events GDSF decides: a cache's first minutes have no ages to learn from.

@@ -63,6 +63,9 @@ class Recalled(NamedTuple):
     recent: bool  # it left within the last tree's worth of departures (ARC's ghost list)
 
 
+_FORGOTTEN = Recalled(0, False)  # most blocks a commit adds are new: no tuple built for them
+
+
 class GhostBlocks:
     """Use counts of blocks that left the tree, by lookup hash, oldest first, in two segments.
 
@@ -106,7 +109,8 @@ class GhostBlocks:
         uses = self.recent.pop(lookup_hash, 0)
         if uses:
             return Recalled(uses, True)
-        return Recalled(self.older.pop(lookup_hash, 0), False)
+        uses = self.older.pop(lookup_hash, 0)
+        return Recalled(uses, False) if uses else _FORGOTTEN
 
 
 class ThrashMeter:

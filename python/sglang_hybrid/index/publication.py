@@ -264,11 +264,10 @@ def hit(index: PrefixIndex, s: Snapshot) -> None:
     if s.demand:
         s.demand -= 1
     s.hits += 1
-    index.source_hits.note_hit(key_of(s.kind, s.origin))
+    origin = key_of(s.kind, s.origin)
+    index.source_hits.note_hit(origin)
     if index.density is not None:
-        index.density.note_hit(
-            key_of(s.kind, s.origin), s.lineage_hits - 1, index.requests - s.used_at
-        )
+        index.density.note_hit(origin, s.lineage_hits - 1, index.requests - s.used_at)
     s.l_at, s.last_hit_tick, s.used_at = index.L, index.tick, index.requests
     if s.superseded:
         owner = add_retained(s)  # while still flagged: the owner is someone else
