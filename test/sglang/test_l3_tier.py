@@ -29,7 +29,13 @@ def toks(seed: int, n: int) -> list[int]:
 
 
 def _build(build: Any, url: str) -> Any:
-    return build(total=4096, running=2, mamba=8, chunk=256, opts={**OPTS, "l3": url})
+    """A scheduler with L3 at ``url``, its store connected. The connection is made on the write
+    thread; a request admitted before it is up does not consult L3 (counted ``skipped_off``), so
+    on a loaded machine a test's first request could miss a store that holds its prefix."""
+    h = build(total=4096, running=2, mamba=8, chunk=256, opts={**OPTS, "l3": url})
+    _written(h)
+    assert h.cache.l3.breaker.up
+    return h
 
 
 def _written(h: Any) -> None:
