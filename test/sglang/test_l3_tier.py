@@ -29,9 +29,9 @@ def toks(seed: int, n: int) -> list[int]:
 
 
 def _build(build: Any, url: str) -> Any:
-    """A scheduler with L3 at ``url``, its store connected. The connection is made on the write
-    thread; a request admitted before it is up does not consult L3 (counted ``skipped_off``), so
-    on a loaded machine a test's first request could miss a store that holds its prefix."""
+    """A scheduler with L3 at ``url``, its store connected (made on the write thread; a request
+    arriving before waits for it at most ``FIRST_CONNECT_WAIT_S``, which a loaded machine could
+    pass: the tests below that are about the connection build without this)."""
     h = build(total=4096, running=2, mamba=8, chunk=256, opts={**OPTS, "l3": url})
     _written(h)
     assert h.cache.l3.breaker.up
@@ -236,3 +236,63 @@ def test_a_turn_still_decoding_on_one_server_is_resumed_by_another(build, tmp_pa
     local = a.cache.l3.local_stats()
     assert local["l3_put_failed"] == 0 and local["l3_put_changed"] == 0, local
     a.cache.index.check_integrity()
+
+
+def _slow_first_connect(monkeypatch: Any, seconds: float) -> None:
+    """The store answers its first call after ``seconds`` (a remote master slow to accept)."""
+    import time
+
+    from sglang_hybrid.store.l3.client import L3Client
+
+    real = L3Client.connect
+
+    def slow(self: L3Client, job: Any = None) -> str:
+        if self.backend is None:
+            time.sleep(seconds)
+        return real(self, job)
+
+    monkeypatch.setattr(L3Client, "connect", slow)
+
+
+def test_a_request_arriving_while_l3_first_connects_waits_for_it(
+    build, tmp_path: Path, monkeypatch
+) -> None:
+    """A restarted server's first requests are the ones L3 is for: one admitted while the first
+    connection is still being made waits for it (not ``skipped_off``) and resumes from L3."""
+    url = f"file://{tmp_path / 'l3'}"
+    turn2, end = _first_turn(build, url)
+    _slow_first_connect(monkeypatch, 1.0)
+    b = build(total=4096, running=2, mamba=8, chunk=256, opts={**OPTS, "l3": url})
+    assert not b.cache.l3.breaker.up  # still connecting when the request arrives
+    r = b.run(turn2, max_new=4)
+    st = b.cache.stats()
+    assert st["l3_waited_connect"] == 1 and st["l3_skipped_off"] == 0, st
+    assert st["l3_lookups"] == 1 and st["l3_fetches_landed"] == 1, st
+    assert r.cached_tokens == end
+    b.cache.index.check_integrity()
+
+
+def test_the_wait_for_a_first_connection_is_bounded(build, tmp_path: Path, monkeypatch) -> None:
+    """A store that has not answered within ``FIRST_CONNECT_WAIT_S`` costs that wait once: the
+    request is served from device and host (recomputed here) and L3 is not looked up."""
+    import time
+
+    from sglang_hybrid.sglang import l3_tier
+
+    url = f"file://{tmp_path / 'l3'}"
+    turn2, _ = _first_turn(build, url)
+    monkeypatch.setattr(l3_tier, "FIRST_CONNECT_WAIT_S", 0.3)
+    _slow_first_connect(monkeypatch, 3.0)
+    b = build(total=4096, running=2, mamba=8, chunk=256, opts={**OPTS, "l3": url})
+    t0 = time.monotonic()
+    b.s.submit("late", turn2, 4)
+    while not (r := b.s.results().get("late")) or not r.finished:
+        b.s.step()
+    waited = time.monotonic() - t0
+    st = b.cache.stats()
+    assert st["l3_waited_connect"] == 1 and st["l3_skipped_off"] == 1, st
+    assert st["l3_lookups"] == 0 and r.cached_tokens == 0, st
+    assert waited < 2.5, waited  # served before the store answered
+    _written(b)
+    assert b.cache.l3.breaker.up
+    b.cache.index.check_integrity()

@@ -75,9 +75,14 @@ MAX_LOOKUPS = 8  # lookups in flight at once
 WRITE_LIMIT_BYTES = 256 << 20  # write-through to L3 queued at most
 PROBE_DEADLINE_S = 5.0
 CONNECT_DEADLINE_S = 120.0
+# While the first connection is made, a request L3 could serve waits for it this long at most
+# (from the first pass one waits): a server's first requests after a restart are the ones L3
+# is for. A store that answers later turns L3 on for later requests only.
+FIRST_CONNECT_WAIT_S = 5.0
 FETCH_DEADLINE_S = 5.0  # plus the bytes at FETCH_FLOOR_BYTES_S
 FETCH_FLOOR_BYTES_S = 50e6
 DONE = "_hybrid_l3_looked_up"  # on a Req: its one lookup was decided
+WAITED = "_hybrid_l3_waited"  # on a Req: held for the first connection (counted once)
 TOKENS = "_hybrid_l3_tokens"  # on a Req: prefix tokens whose state or KV came from L3
 L3_SOURCES = ("index/l3_keys.py", "store/l3/objects.py", "store/layout.py", "index/keys.py")
 
@@ -95,6 +100,7 @@ class L3Counters:
     fetched_tokens: int = 0  # frontier gained over the local best, summed
     no_room: int = 0  # a hit the host tier could not reserve slabs for
     skipped_off: int = 0  # lookups not made while L3 was off
+    waited_connect: int = 0  # requests held for L3's first connection
 
 
 @dataclass(slots=True)
@@ -175,6 +181,8 @@ class L3Tier:
         self.c = L3Counters()
         self.local = LocalCounters()
         self._connecting = False
+        self.waiting: set[str] = set()  # rids held this pass for the first connection
+        self._wait_since: float | None = None  # monotonic: the first such hold
         # (slab, gen) of every host slab read into an object the store took (``use_clock``'s
         # ``track_writes``: the replay's write-policy comparison); None: not kept.
         self.written: dict[int, int] | None = None
@@ -293,14 +301,16 @@ class L3Tier:
             for r in queue[:LOOKUP_WINDOW]
             if not getattr(r, DONE, False) and r.rid not in self.lookups
         ]
+        self.waiting.clear()
         if todo:
             self._start_lookups(todo)
-        if not self.lookups:
+        if not self.lookups and not self.waiting:
             return []
-        return [r for r in queue if r.rid in self.lookups]
+        return [r for r in queue if r.rid in self.lookups or r.rid in self.waiting]
 
     def _start_lookups(self, reqs: list[Req]) -> None:
         on = self._agree_all(self.breaker.usable() and not self.reader.stuck)
+        wait = not on and not self._agree_all(not self._awaiting_first_connect())
         for req in reqs:
             setattr(req, DONE, True)
             if len(self.lookups) >= MAX_LOOKUPS:
@@ -313,6 +323,13 @@ class L3Tier:
             m = self.cache.index.match(key)
             f_local = m.best.frontier if m.best is not None else 0
             if n - 1 - f_local < MIN_GAIN_TOKENS:
+                continue
+            if wait:
+                setattr(req, DONE, False)  # decided once the connection is up (or not)
+                self.waiting.add(req.rid)
+                if not getattr(req, WAITED, False):
+                    setattr(req, WAITED, True)
+                    self.c.waited_connect += 1
                 continue
             if not on:
                 self.c.skipped_off += 1
@@ -329,6 +346,16 @@ class L3Tier:
             self.lookups[req.rid] = lk
             self.c.lookups += 1
             self.breaker.begin()
+
+    def _awaiting_first_connect(self) -> bool:
+        """This rank's first connection is in flight and a request may still wait for it
+        (``FIRST_CONNECT_WAIT_S`` from the first wait; every rank waits while any does)."""
+        if not (self._connecting and self.breaker.first_attempt):
+            return False
+        now = time.monotonic()
+        if self._wait_since is None:
+            self._wait_since = now
+        return now - self._wait_since < FIRST_CONNECT_WAIT_S
 
     def _key_of(self, req: Req) -> PromptKey | None:
         """The prompt key as ``match_prefix`` builds it (namespace included); None for requests
@@ -474,6 +501,7 @@ class L3Tier:
             if lk.job is not None:
                 lk.job.cancel()
         self.lookups.clear()
+        self.waiting.clear()
         self.generation += 1
 
     def use_clock(self, now: Any, seconds: Any, *, track_writes: bool = False) -> None:

@@ -35,6 +35,11 @@ class Breaker:
         now = time.monotonic() if now is None else now
         return not self.trial and now >= self.retry_at
 
+    @property
+    def first_attempt(self) -> bool:
+        """Neither up nor failed yet: the first connection is still being made."""
+        return not self.up and not self.logged and self.offs == 0
+
     def begin(self) -> None:
         """An attempt starts; while off it is the trial."""
         if not self.up:
