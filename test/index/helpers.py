@@ -29,6 +29,7 @@ def make_index(
     ladder: int = 4096,
     min_gap: int = 1024,
     cost: CostModel = UNIT_COST,
+    host_order: str = "duel",
 ) -> PrefixIndex:
     cfg = CacheConfig(
         host_cache_bytes=host_slabs * slab_bytes,
@@ -38,6 +39,7 @@ def make_index(
         tap_min_gap_tokens=min_gap,
         chunk_tokens=256,
         concurrency=4,
+        host_order=host_order,
     )
     return PrefixIndex(cfg, image_bytes=image_bytes, slab_bytes=slab_bytes, cost=cost)
 

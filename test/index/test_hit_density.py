@@ -3,9 +3,10 @@ before evidence, the victim among a deterministic sample, the same on every rank
 
 from __future__ import annotations
 
+import pytest
 from helpers import Device, make_index, run
 
-from sglang_hybrid.index import SnapshotKind
+from sglang_hybrid.index import ConfigError, SnapshotKind, resolve_config
 from sglang_hybrid.index.hit_density import (
     EXPLORE_EVERY,
     GDSF,
@@ -92,9 +93,12 @@ def test_age_bins_resolve_short_and_long_ages() -> None:
     assert age_bin(1 << 30) == age_bin(1 << 31)  # the last bin is open
 
 
-def _conversations(n: int, *, host_slabs: int, image_bytes: int = 1000) -> tuple:
+def _conversations(
+    n: int, *, host_slabs: int, image_bytes: int = 1000, host_order: str = "duel"
+) -> tuple:
     """``n`` host-resident endpoints of distinct two-block prompts, one request apart."""
-    idx, dev = make_index(host_slabs=host_slabs, slots=1, image_bytes=image_bytes), Device()
+    idx = make_index(host_slabs=host_slabs, slots=1, image_bytes=image_bytes, host_order=host_order)
+    dev = Device()
     ends = []
     for i in range(n):
         (s,) = run(idx, dev, [10_000 * (i + 1) + t for t in range(129)])
@@ -143,6 +147,38 @@ def test_the_learned_order_follows_the_traffic_s_reuse_ages() -> None:
         assert victim.id not in idx.snapshots or not victim.image_on_host
         assert all(s.image_on_host for s in keep if s is not victim)
         idx.check_integrity()
+
+
+def test_an_operator_fixes_the_host_order() -> None:
+    """``--hybrid-host-order``: 'gdsf' keeps the spec's order where the duel would follow the
+    learned one (GDSF's victims came back early), 'learned' decides every step once the ages are
+    learned (no exploration steps); GDSF decides before that under every choice."""
+    for order in ("gdsf", "learned"):
+        idx, _, ends = _conversations(5, host_slabs=80, host_order=order)
+        d = idx.density
+        assert d is not None and d.order() == GDSF  # nothing learned yet
+        _pareto(d)
+        d.regret[GDSF] = 1.0
+        want = GDSF if order == "gdsf" else LEARNED
+        assert {d.order() for _ in range(2 * EXPLORE_EVERY)} == {want}
+        keep = ends[:4]
+        idx.delete_snapshot(ends[4])
+        while idx.dead:
+            assert make_room(idx, idx.host.free + 1)
+        by_gdsf, by_density = min_h_victim(idx), density_victim(idx)
+        assert by_gdsf is not by_density  # the two orders disagree here
+        victim = by_gdsf if order == "gdsf" else by_density
+        assert victim is not None
+        assert make_room(idx, idx.host.free + 1)
+        assert idx.stats.host_gdsf_evicted == 1
+        assert idx.stats.host_learned_evicted == (order == "learned")
+        assert victim.id not in idx.snapshots or not victim.image_on_host, order
+        assert all(s.image_on_host for s in keep if s is not victim)
+        idx.check_integrity()
+    with pytest.raises(ValueError, match="give one of duel, gdsf, learned"):
+        HitDensity("lru")
+    with pytest.raises(ConfigError, match="--hybrid-host-order 'lru': give one of"):
+        resolve_config(concurrency=1, chunk_tokens=1, host_order="lru")
 
 
 def test_a_snapshot_one_request_reached_goes_before_one_more_reached() -> None:

@@ -84,3 +84,26 @@ def test_capture_grid_without_zero_split_is_refused(tmp_path):
     argv += ["--capture-grid", "chunk", "--out", str(tmp_path)]
     with pytest.raises(SystemExit, match="add --tap-mode zero-split"):
         cli.main(argv)
+
+
+def test_the_host_order_reaches_the_cache_options() -> None:
+    """``--host-order`` is the backend's ``--hybrid-host-order``: the same choices, passed on."""
+    from sglang_hybrid.replay.caches import scheduler_kwargs
+    from sglang_hybrid.replay.driver import plan_for
+
+    argv = ["run", "--trace", "agent", "--budget-gib", "16", "--host-gib", "8"]
+    parser = cli.build_parser()
+    for order in ("duel", "gdsf", "learned"):
+        args = parser.parse_args([*argv, "--host-order", order] if order != "duel" else argv)
+        settings = cli._settings(args, 16)
+        assert settings.host_order == order
+        kw = scheduler_kwargs(
+            plan_for("hybrid", settings),
+            chunk=256,
+            max_prefill_tokens=512,
+            context_length=4096,
+            host_order=settings.host_order,
+        )
+        assert kw["server_args_attrs"]["_hybrid_options"].host_order == order
+    with pytest.raises(SystemExit):
+        parser.parse_args([*argv, "--host-order", "lru"])

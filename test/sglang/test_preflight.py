@@ -49,6 +49,18 @@ def check(parser: argparse.ArgumentParser, *argv: str, launch: bool = True) -> N
             ["--radix-cache", "hybrid", "--hybrid-host-cache-mib", "0", "--hybrid-cache-file", "f"],
             r"--hybrid-host-cache-mib 0 turns the host tier off",
         ),
+        (
+            [
+                "--radix-cache",
+                "hybrid",
+                "--hybrid-host-cache-mib",
+                "0",
+                "--hybrid-host-order",
+                "gdsf",
+            ],
+            r"--hybrid-host-order gdsf: --hybrid-host-cache-mib 0 turns the host tier off",
+        ),
+        (["--hybrid-host-order", "learned"], r"--hybrid-host-order configures --radix-cache hy"),
         (["--radix-cache", "hybrid", "--page-size", "48"], r"--page-size 48"),
         (["--radix-cache", "hybrid", "--hybrid-l3", "ftp://x"], r"--hybrid-l3"),
         (
@@ -74,7 +86,11 @@ def test_accepted_launches(parser: argparse.ArgumentParser, tmp_path: Path) -> N
         "64",
         "--hybrid-cache-file",
         str(tmp_path / "c"),
+        "--hybrid-host-order",
+        "gdsf",
     )
+    with pytest.raises(SystemExit):  # argparse's own error: not one of the choices
+        check(parser, *CPU, "--radix-cache", "hybrid", "--hybrid-host-order", "lru")
 
 
 def test_a_cpu_launch_without_the_worker_says_how(

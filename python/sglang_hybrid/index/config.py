@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .hit_density import HOST_ORDERS
 from .host_slabs import ConfigError
 
 DEFAULT_HOST_CACHE_MIB = 8192
@@ -27,6 +28,8 @@ FLAG_SLOTS = "--hybrid-device-snapshot-slots"
 FLAG_TAPS = "--hybrid-taps-per-request"
 FLAG_LADDER = "--hybrid-tap-ladder"
 FLAG_MIN_GAP = "--hybrid-tap-min-gap"
+FLAG_HOST_ORDER = "--hybrid-host-order"
+HOST_ORDER_CHOICES = tuple(HOST_ORDERS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +41,7 @@ class CacheConfig:
     tap_min_gap_tokens: int
     chunk_tokens: int
     concurrency: int
+    host_order: str = "duel"  # the host's victim order once learned (``hit_density``)
 
     @property
     def has_host(self) -> bool:
@@ -50,6 +54,7 @@ class CacheConfig:
             f"{self.taps_per_request} taps/request, ladder {self.tap_ladder_tokens}, "
             f"min gap {self.tap_min_gap_tokens} (concurrency {self.concurrency}, "
             f"chunk {self.chunk_tokens})"
+            + (f", host order {self.host_order}" if self.host_order != "duel" else "")
         )
 
 
@@ -71,6 +76,7 @@ def resolve_config(
     taps_per_request: int | None = None,
     tap_ladder_tokens: int | None = None,
     tap_min_gap_tokens: int | None = None,
+    host_order: str = "duel",
 ) -> CacheConfig:
     if concurrency <= 0:
         raise ConfigError(f"concurrency must be positive, got {concurrency}")
@@ -83,6 +89,10 @@ def resolve_config(
     taps = _positive(taps_per_request, FLAG_TAPS, allow_zero=True)
     ladder = _positive(tap_ladder_tokens, FLAG_LADDER)
     gap = _positive(tap_min_gap_tokens, FLAG_MIN_GAP, allow_zero=True)
+    if host_order not in HOST_ORDER_CHOICES:
+        raise ConfigError(
+            f"{FLAG_HOST_ORDER} {host_order!r}: give one of {', '.join(HOST_ORDER_CHOICES)}"
+        )
     return CacheConfig(
         host_cache_bytes=host_bytes,
         device_snapshot_slots=slots if slots is not None else concurrency + (1 if has_host else 2),
@@ -91,4 +101,5 @@ def resolve_config(
         tap_min_gap_tokens=gap if gap is not None else max(1024, chunk_tokens),
         chunk_tokens=chunk_tokens,
         concurrency=concurrency,
+        host_order=host_order,
     )

@@ -74,6 +74,8 @@ SAMPLE = 64  # candidates compared per eviction step (LHD's sample size)
 GHOSTS = 4096  # evicted snapshots remembered at most, oldest forgotten first
 EXPLORE_EVERY = 16  # eviction steps per step taken by the order that is not preferred
 GDSF, LEARNED = 0, 1  # the duelling orders
+# ``--hybrid-host-order``: which order decides once ``ready`` (GDSF always decides before).
+HOST_ORDERS: dict[str, int | None] = {"duel": None, "gdsf": GDSF, "learned": LEARNED}
 # Frequency classes by resumes of the lineage (``lineage_hits``): 0, 1, 2, 3, 4-5, 6-8, 9-15, 16+.
 FREQ_EDGES: tuple[int, ...] = (0, 1, 2, 3, 4, 6, 9, 16)
 FREQS = len(FREQ_EDGES)
@@ -110,6 +112,7 @@ class HitDensity:
         "events",
         "evict_age",
         "evictions",
+        "fixed",
         "ghosts",
         "hits",
         "mass",
@@ -118,7 +121,10 @@ class HitDensity:
         "victims",
     )
 
-    def __init__(self) -> None:
+    def __init__(self, order: str = "duel") -> None:
+        if order not in HOST_ORDERS:
+            raise ValueError(f"host order {order!r}: give one of {', '.join(HOST_ORDERS)}")
+        self.fixed = HOST_ORDERS[order]  # None: the duel decides
         self.hits = [[0.0] * N_BINS for _ in range(N_CLASSES)]  # note_hit, recall
         self.evictions = [[0.0] * N_BINS for _ in range(N_CLASSES)]  # note_eviction, recall
         self.mass = [0.0] * N_CLASSES  # decayed events per class
@@ -144,9 +150,12 @@ class HitDensity:
         return LEARNED if self.regret[LEARNED] * (g + 1) < self.regret[GDSF] * (x + 1) else GDSF
 
     def order(self) -> int:
-        """The order of the next eviction step: GDSF until ``ready``, then the duel's."""
+        """The order of the next eviction step: GDSF until ``ready``, then the duel's (or the
+        operator's, ``fixed``)."""
         if not self.ready:
             return GDSF
+        if self.fixed is not None:
+            return self.fixed
         self.steps += 1
         best = self.preferred()
         return best if self.steps % EXPLORE_EVERY else 1 - best

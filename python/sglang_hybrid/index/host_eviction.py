@@ -72,6 +72,7 @@ def make_room(
         if snapshot_uses(victim) >= uses:
             return False
         index.stats.host_gdsf_evicted += 1
+        index.stats.host_learned_evicted += learned
         if not learned:
             index.raise_inflation(victim.h)  # GDSF's aging; the learned order has no H to age by
         gone = not victim.complete_on_device

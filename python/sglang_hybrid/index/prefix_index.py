@@ -76,7 +76,8 @@ class IndexStats:
     subtree_deletions: int = 0
     host_dead_swept: int = 0
     host_superseded_evicted: int = 0
-    host_gdsf_evicted: int = 0
+    host_gdsf_evicted: int = 0  # step 3's victims, under either order
+    host_learned_evicted: int = 0  # of those, the learned order's (``hit_density``)
     image_writes_refused: int = 0
 
 
@@ -105,7 +106,7 @@ class PrefixIndex:
         # ``transfers`` when an image write starts; popped lazily by ``host_eviction``.
         self.gdsf: GdsfQueue | None = GdsfQueue(self.snapshots) if config.has_host else None
         # Reuse ages, hits and host evictions (``hit_density``): the host's learned order.
-        self.density: HitDensity | None = HitDensity() if config.has_host else None
+        self.density: HitDensity | None = HitDensity(config.host_order) if config.has_host else None
         self.valuer = val.Valuer(
             cost, image_bytes, slab_bytes, host=config.has_host, queue=self.gdsf
         )

@@ -33,6 +33,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from ..index.config import HOST_ORDER_CHOICES
 from .budget import CACHES, DEFAULT_CACHES, DEFAULT_MAMBA_RATIO, GIB
 from .l3_model import L3_CACHES
 from .trace import Trace, first
@@ -239,6 +240,12 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
         "its modelled saving exceeds this many passes' cost (0: every exact tap splits)",
     )
     hy.add_argument(
+        "--host-order",
+        choices=HOST_ORDER_CHOICES,
+        default="duel",
+        help="--hybrid-host-order: the host tier's victim order once learned (default duel)",
+    )
+    hy.add_argument(
         "--coalesce",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -280,6 +287,7 @@ def _settings(args: argparse.Namespace, budget_gib: float) -> ReplaySettings:
         tap_mode=args.tap_mode,
         capture_grid=args.capture_grid or "any",
         split_threshold=args.split_threshold,
+        host_order=getattr(args, "host_order", "duel"),
         overlap=args.overlap,
         model_dir=args.model_dir,
         progress=args.progress,

@@ -20,10 +20,12 @@ from ..index import CacheConfig, ConfigError, CostModel, resolve_config
 from ..index.config import (
     DEFAULT_HOST_CACHE_MIB,
     FLAG_HOST,
+    FLAG_HOST_ORDER,
     FLAG_LADDER,
     FLAG_MIN_GAP,
     FLAG_SLOTS,
     FLAG_TAPS,
+    HOST_ORDER_CHOICES,
 )
 from ..store.copy_queue import CopyMode
 
@@ -58,6 +60,7 @@ class HybridOptions:
     cache_file: str | None = None  # --hybrid-cache-file: the host tier across restarts (§5.5)
     l3: str | None = None  # --hybrid-l3 URL: a third tier shared by a fleet (``l3_tier.py``)
     split_threshold: float = 1.0  # --hybrid-split-threshold (index/split_rule.py)
+    host_order: str = "duel"  # --hybrid-host-order (index/hit_density.py)
     # The prefill cost the split rule prices a pass and its tokens at; None: the cache's own
     # (``CostModel()``'s planning values). Not a flag: the replay sets its clock's preset.
     split_cost: CostModel | None = None
@@ -169,6 +172,17 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         "small all-reduce per scheduler iteration; for validating a deployment).",
     )
     g.add_argument(
+        FLAG_HOST_ORDER,
+        choices=HOST_ORDER_CHOICES,
+        default="duel",
+        help="Which snapshot the host tier gives up when full (after dead KV and superseded "
+        "snapshots): 'gdsf' the spec's Greedy-Dual-Size-Frequency order; 'learned' the order "
+        "learned from the traffic's reuse ages (hit density, snapshots only one request reached "
+        "first); 'duel' (default) lets the two compete by their victims' early returns and "
+        "follows the one with fewer. GDSF decides until 256 hits and evictions were seen. "
+        "Decisions count requests, never time, so every TP rank takes the same victim.",
+    )
+    g.add_argument(
         FLAG_HOST_COPY,
         choices=("async", "inline"),
         default="async",
@@ -243,6 +257,7 @@ def options_from_namespace(args: argparse.Namespace) -> HybridOptions:
         cache_file=getattr(args, "hybrid_cache_file", None),
         l3=getattr(args, "hybrid_l3", None),
         split_threshold=getattr(args, "hybrid_split_threshold", 1.0),
+        host_order=getattr(args, "hybrid_host_order", "duel"),
     )
 
 
@@ -297,6 +312,7 @@ def _resolve(opts: HybridOptions, *, concurrency: int, chunk_tokens: int) -> Cac
         taps_per_request=opts.taps_per_request,
         tap_ladder_tokens=opts.tap_ladder,
         tap_min_gap_tokens=opts.tap_min_gap,
+        host_order=opts.host_order,
     )
 
 
@@ -330,6 +346,11 @@ def check_options(opts: HybridOptions) -> None:
     place is ``persistence.check_cache_file``'s."""
     _resolve(opts, concurrency=1, chunk_tokens=1)
     mib = DEFAULT_HOST_CACHE_MIB if opts.host_cache_mib is None else opts.host_cache_mib
+    if mib == 0 and opts.host_order != "duel":
+        raise ConfigError(
+            f"{FLAG_HOST_ORDER} {opts.host_order}: {FLAG_HOST} 0 turns the host tier off, and "
+            f"the order chooses among its snapshots; drop one of the two"
+        )
     total = _physical_memory()
     if total and mib << 20 > total:
         default = " (its default)" if opts.host_cache_mib is None else ""
