@@ -125,7 +125,7 @@ def test_l3_series_mirror_the_l3_counters() -> None:
     m.refresh(cache)
     assert value("l3_up") == 1 and value("l3_lookups_total", result="miss") == 0
     agreed.update(l3_lookups=5, l3_lookup_hits=2, l3_skipped_off=1, l3_fetches_landed=2)
-    agreed.update(l3_fetched_tokens=640)
+    agreed.update(l3_fetched_tokens=640, l3_waited_connect=1)
     local.update(l3_on=0, l3_offs=1, l3_put_bytes=4096, l3_refused_corrupt=1)
     m.refresh(cache)
     assert value("l3_lookups_total", result="hit") == 2
@@ -133,6 +133,7 @@ def test_l3_series_mirror_the_l3_counters() -> None:
     assert value("l3_lookups_total", result="skipped_off") == 1
     assert value("l3_fetches_total", result="landed") == 2
     assert value("l3_fetched_tokens_total") == 640
+    assert value("l3_first_connect_waits_total") == 1
     assert value("l3_written_bytes_total") == 4096
     assert value("l3_refused_objects_total", reason="corrupt") == 1
     assert value("l3_refused_objects_total", reason="foreign") == 0

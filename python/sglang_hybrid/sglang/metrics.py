@@ -189,6 +189,12 @@ SERIES: tuple[Series, ...] = (
         (("hit",), ("miss",), ("skipped_off",)),
     ),
     Series(
+        "l3_first_connect_waits_total",
+        "counter",
+        "Requests held out of admission while the server's first connection to its L3 store "
+        "was being made (each at most 5 s), each counted once",
+    ),
+    Series(
         "l3_fetches_total",
         "counter",
         "L3 hits fetched into the host tier, by result (landed; failed: refused or failed on "
@@ -233,6 +239,7 @@ _MIRRORED: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("l3_lookups_total", ("hit",), ("l3_lookup_hits",)),
     ("l3_lookups_total", ("miss",), ("l3_lookup_misses",)),
     ("l3_lookups_total", ("skipped_off",), ("l3_skipped_off",)),
+    ("l3_first_connect_waits_total", (), ("l3_waited_connect",)),
     ("l3_fetches_total", ("landed",), ("l3_fetches_landed",)),
     ("l3_fetches_total", ("failed",), ("l3_fetch_failed",)),
     ("l3_fetches_total", ("no_room",), ("l3_no_room",)),
