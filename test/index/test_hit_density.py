@@ -267,3 +267,37 @@ def test_the_orders_duel_by_their_victims_early_returns() -> None:
         d.note_eviction(ENDPOINT, 0, now - 100, now, 20_000 + i, LEARNED)
         d.recall(20_000 + i, now + 1)
     assert d.preferred() == GDSF
+
+
+def test_the_learned_order_survives_a_restart_as_plain_values() -> None:
+    """``export_state`` / ``restore_state`` (the cache file's header): a fresh HitDensity takes
+    the histograms, the duel and the ghosts, the ghosts' times rebased on the new request count,
+    and ranks exactly as the saved one; a state of another shape or out of range is refused
+    with nothing changed."""
+    import json
+
+    d = HitDensity()
+    _late_reuse(d)
+    d.note_eviction(ENDPOINT, 1, 90, 100, 0xABC, LEARNED)  # a ghost: used at 90, evicted at 100
+    d.regret[GDSF] = 2.0
+    saved = json.loads(json.dumps(d.export_state(now=120)))  # through JSON, as the file does
+    e = HitDensity()
+    e.restore_state(saved, now=5)  # a restarted index has counted 5 requests
+    assert e.ready and e.events == d.events and e.preferred() == d.preferred()
+    for key, hits, age in ((ENDPOINT, 0, 2), (ENDPOINT, 0, 38), (ENDPOINT, 1, 50), (3, 2, 7)):
+        assert e.density(key, hits, age) == d.density(key, hits, age)
+    assert e.ghosts[0xABC][2] == 90 - 120 + 5 and e.ghosts[0xABC][5] == 100 - 120 + 5
+    d.recall(0xABC, 130)  # the same return, 10 requests after the save, on both
+    e.recall(0xABC, 15)
+    assert e.density(ENDPOINT, 1, 40) == d.density(ENDPOINT, 1, 40)
+    before = e.export_state(now=15)
+    for bad in (
+        {**saved, "shape": [1, 2]},
+        {**saved, "hits": [[10**6, 0, 1.0]]},
+        {**saved, "hits": [[0, 0, -1.0]]},
+        {**saved, "mass": [0.0]},
+        {k: v for k, v in saved.items() if k != "ghosts"},
+    ):
+        with pytest.raises(ValueError):
+            e.restore_state(bad, now=15)
+        assert e.export_state(now=15) == before

@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import bisect
 from collections import OrderedDict
+from typing import Any
 
 from .source_hits import N_KEYS
 
@@ -221,6 +222,75 @@ class HitDensity:
         if c in self._dirty:
             self._recompute(c)
         return self._density[c][age_bin(age)]
+
+    # ================================================================ across restarts
+    def export_state(self, now: int) -> dict[str, Any]:
+        """What a restart keeps (``--hybrid-cache-file``): the histograms (non-zero bins), the
+        duel's counts and the ghosts, their times made relative to ``now`` (requests so far: a
+        restarted index counts from 0). Plain JSON values; :meth:`restore_state` reads them."""
+
+        def sparse(hist: list[list[float]]) -> list[list[float]]:
+            return [[c, b, v] for c, row in enumerate(hist) for b, v in enumerate(row) if v]
+
+        return {
+            "shape": [N_CLASSES, N_BINS],
+            "hits": sparse(self.hits),
+            "evictions": sparse(self.evictions),
+            "mass": list(self.mass),
+            "events": self.events,
+            "victims": list(self.victims),
+            "regret": list(self.regret),
+            "evict_age": self.evict_age,
+            "steps": self.steps,
+            "ghosts": [
+                [h, key, hits, used - now, b, order, at - now]
+                for h, (key, hits, used, b, order, at) in self.ghosts.items()
+            ],
+        }
+
+    def restore_state(self, state: dict[str, Any], now: int) -> None:
+        """Take :meth:`export_state`'s values (ghost times rebased on ``now``); ValueError, and
+        nothing changed, when they do not fit this version's classes and bins or are malformed."""
+        try:
+            if [int(x) for x in state["shape"]] != [N_CLASSES, N_BINS]:
+                raise ValueError(
+                    f"classes x bins {state['shape']}, this version's {N_CLASSES} x {N_BINS}"
+                )
+            hists: list[list[list[float]]] = []
+            for name in ("hits", "evictions"):
+                hist = [[0.0] * N_BINS for _ in range(N_CLASSES)]
+                for entry in state[name]:
+                    c, b, v = int(entry[0]), int(entry[1]), float(entry[2])
+                    if not (0 <= c < N_CLASSES and 0 <= b < N_BINS and 0.0 <= v < float("inf")):
+                        raise ValueError(f"{name}: bin ({c}, {b}) = {v} out of range")
+                    hist[c][b] = v
+                hists.append(hist)
+            mass = [float(x) for x in state["mass"]]
+            victims = [float(x) for x in state["victims"]]
+            regret = [float(x) for x in state["regret"]]
+            if len(mass) != N_CLASSES or len(victims) != 2 or len(regret) != 2:
+                raise ValueError("mass, victims or regret of another length")
+            ghosts: OrderedDict[int, tuple[int, int, int, int, int, int]] = OrderedDict()
+            for h, key, hits, used, b, order, at in state["ghosts"][-GHOSTS:]:
+                ghosts[int(h)] = (
+                    int(key),
+                    int(hits),
+                    int(used) + now,
+                    int(b),
+                    int(order),
+                    int(at) + now,
+                )
+            events, evict_age, steps = (
+                int(state["events"]),
+                float(state["evict_age"]),
+                int(state["steps"]),
+            )
+        except (KeyError, TypeError, IndexError) as e:
+            raise ValueError(f"malformed learned state: {type(e).__name__}: {e}") from None
+        self.hits, self.evictions = hists
+        self.mass, self.victims, self.regret = mass, victims, regret
+        self.ghosts, self.events, self.evict_age, self.steps = ghosts, events, evict_age, steps
+        self._dirty = set(range(N_CLASSES))
 
     def _recompute(self, c: int) -> None:
         self._dirty.discard(c)

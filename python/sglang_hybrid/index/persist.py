@@ -381,3 +381,23 @@ def adopt_host(index: PrefixIndex, records: HostExport, plan: AdoptPlan) -> Adop
             pinned += 1
     saved = sum(1 for r in records.snapshots if r.durable)
     return Adopted(len(made), len(snaps), copies, pinned, saved - pinned)
+
+
+# ================================================================ the learned host order
+def export_learned(index: PrefixIndex) -> dict[str, Any] | None:
+    """The host's learned order (``hit_density``) as plain values, for the cache file's header:
+    a restarted server keeps ranking by the reuse ages it learned instead of GDSF's until 256
+    new events. None without a host tier."""
+    d = index.density
+    return d.export_state(index.requests) if d is not None else None
+
+
+def adopt_learned(index: PrefixIndex, state: dict[str, Any]) -> int:
+    """Take a saved learned order (ghost times rebased on this index's request count); returns
+    its events, 0 without a host tier. ValueError, nothing changed, when it does not fit this
+    version's classes and bins or is malformed."""
+    d = index.density
+    if d is None:
+        return 0
+    d.restore_state(state, index.requests)
+    return d.events

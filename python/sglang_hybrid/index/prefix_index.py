@@ -545,6 +545,14 @@ class PrefixIndex:
         self._pressure_bumps += bumps
 
     # ================================================================ persistence (§5.5)
+    def export_learned(self) -> dict[str, object] | None:
+        """The host's learned order, for the cache file (``persist.export_learned``)."""
+        return persist.export_learned(self)
+
+    def adopt_learned(self, state: dict[str, object]) -> int:
+        """A saved learned order taken; its events (``persist.adopt_learned``)."""
+        return persist.adopt_learned(self, state)
+
     def export_host(self) -> HostExport:
         """The host tier as records: retained host-backed snapshots and their paths."""
         return persist.export_host(self)

@@ -84,6 +84,7 @@ class LoadReport(NamedTuple):
     nodes: int = 0
     nbytes: int = 0
     durable: int = 0  # clients' durable pins (without a TTL) pinned again
+    learned: int = 0  # events of the host's learned order taken from the file (0: none)
 
 
 # ================================================================ configuration
@@ -223,13 +224,14 @@ class Persistence:
         if report.loaded and not report.reason:
             logger.info(
                 "host tier restored from %s: %d snapshots (%d durable), %d blocks, %.1f MiB in "
-                "%.2f s",
+                "%.2f s; the learned host order: %s",
                 self.path,
                 report.snapshots,
                 report.durable,
                 report.nodes,
                 report.nbytes / MiB,
                 dt,
+                f"{report.learned} events" if report.learned else "none saved",
             )
         elif report.loaded:
             logger.warning(
@@ -294,7 +296,20 @@ class Persistence:
             if adopted.snapshots == 0:
                 cache.empty_index()
                 return LoadReport(False, reason)
-        return LoadReport(True, reason, adopted.snapshots, adopted.nodes, nbytes, adopted.durable)
+        learned = self._adopt_learned(index, cf.header.get("learned"))
+        return LoadReport(
+            True, reason, adopted.snapshots, adopted.nodes, nbytes, adopted.durable, learned
+        )
+
+    def _adopt_learned(self, index: Any, state: Any) -> int:
+        """The file's learned host order, when it has one this version reads; its events."""
+        if not isinstance(state, dict):
+            return 0
+        try:
+            return int(index.adopt_learned(state))
+        except ValueError as e:
+            logger.warning("the learned host order in %s is not used: %s", self.path, e)
+            return 0
 
     def _agree(self, cache: Any, report: LoadReport) -> LoadReport:
         """TP ranks must hold the same entries (their decisions must match): all or none."""
@@ -304,7 +319,8 @@ class Persistence:
 
         digest = (report.snapshots << 32) | report.nodes if report.loaded else -1
         lo, hi = all_reduce_range(digest, self.tp_group)
-        if lo == hi:
+        learned_lo, learned_hi = all_reduce_range(report.learned, self.tp_group)
+        if lo == hi and learned_lo == learned_hi:
             return report
         cache.empty_index()
         return LoadReport(False, "the TP ranks' files disagree (one is missing, damaged or older)")
@@ -354,6 +370,7 @@ class Persistence:
                 records=records,
                 read_slab=read_slab,
                 control=self.control,
+                learned=index.export_learned(),
             )
         except SaveAbandoned:
             logger.warning("host tier save abandoned; the previous %s stays", self.path)

@@ -177,6 +177,7 @@ def write_cache_file(
     records: HostExport,
     read_slab: Callable[[int], memoryview],
     control: SaveControl | None = None,
+    learned: dict[str, Any] | None = None,
 ) -> Written:
     """Write ``records`` (slab ids: the pool's, read through ``read_slab``) atomically.
 
@@ -210,6 +211,8 @@ def write_cache_file(
         "snapshot_table_bytes": len(snaps),
         "saved_at": time.time(),
     }
+    if learned is not None:  # the host's learned order (``index/hit_density.py``); optional
+        header["learned"] = learned
     head = json.dumps(header, sort_keys=True).encode()
     tmp = tmp_path(path)
     try:
