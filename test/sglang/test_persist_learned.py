@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from sglang_hybrid.store.cache_file import read_cache_file
+from sglang_hybrid.store.cache_inspect import inspect
 
 
 def toks(seed: int, n: int) -> list[int]:
@@ -27,7 +28,7 @@ def _serve(h: Any) -> None:
             prompt = prompt + list(out.output_ids) + toks(100 * conv + turn, 40)
 
 
-def test_a_restart_keeps_the_learned_host_order(build, tmp_path: Path) -> None:
+def test_a_restart_keeps_the_learned_host_order(build, tmp_path: Path, capsys) -> None:
     path = tmp_path / "host.bin"
     opts = {"host_cache_mib": 16, "cache_file": str(path)}
     a = build(total=4096, running=2, mamba=8, chunk=256, opts=opts)
@@ -38,6 +39,8 @@ def test_a_restart_keeps_the_learned_host_order(build, tmp_path: Path) -> None:
     assert a.cache.persistence.save(a.cache)
     header = read_cache_file(path).header
     assert json.loads(json.dumps(header["learned"])) == learned
+    assert inspect(path) == 0  # ``sglang-hybrid cache inspect`` says what the file holds
+    assert f"host order from {learned['events']:,} hits and evictions" in capsys.readouterr().out
 
     b = build(total=4096, running=2, mamba=8, chunk=256, opts=opts)
     assert b.cache.index.export_learned() == learned  # the same ages, duel and ghosts

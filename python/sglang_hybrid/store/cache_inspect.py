@@ -75,6 +75,12 @@ def inspect(path: Path, out: TextIO | None = None) -> int:
     if rec.snapshots:
         fr = [r.frontier for r in rec.snapshots]
         say(f"frontiers   {min(fr)} .. {max(fr)} tokens; hits {sum(r.hits for r in rec.snapshots)}")
+    learned = h.get("learned")
+    if isinstance(learned, dict):  # the host's learned order (``index/hit_density.py``)
+        say(
+            f"learned     host order from {learned.get('events', 0):,} hits and evictions, "
+            f"{len(learned.get('ghosts', ())):,} ghosts"
+        )
     if bad:
         print(f"sglang-hybrid cache inspect: {path}: {len(bad)} damaged slabs", file=sys.stderr)
         return 1
