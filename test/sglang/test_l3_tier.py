@@ -9,6 +9,7 @@ foreign, misplaced) are refused, counted and recomputed.
 from __future__ import annotations
 
 import random
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -238,20 +239,21 @@ def test_a_turn_still_decoding_on_one_server_is_resumed_by_another(build, tmp_pa
     a.cache.index.check_integrity()
 
 
-def _slow_first_connect(monkeypatch: Any, seconds: float) -> None:
-    """The store answers its first call after ``seconds`` (a remote master slow to accept)."""
-    import time
-
+def _gated_first_connect(monkeypatch: Any) -> threading.Event:
+    """The store answers its first call only once the returned event is set (a remote master
+    slow to accept), so a test decides when the connection comes up, whatever the load."""
     from sglang_hybrid.store.l3.client import L3Client
 
+    gate = threading.Event()
     real = L3Client.connect
 
-    def slow(self: L3Client, job: Any = None) -> str:
+    def gated(self: L3Client, job: Any = None) -> str:
         if self.backend is None:
-            time.sleep(seconds)
+            gate.wait(timeout=60)
         return real(self, job)
 
-    monkeypatch.setattr(L3Client, "connect", slow)
+    monkeypatch.setattr(L3Client, "connect", gated)
+    return gate
 
 
 def test_a_request_arriving_while_l3_first_connects_waits_for_it(
@@ -261,10 +263,15 @@ def test_a_request_arriving_while_l3_first_connects_waits_for_it(
     connection is still being made waits for it (not ``skipped_off``) and resumes from L3."""
     url = f"file://{tmp_path / 'l3'}"
     turn2, end = _first_turn(build, url)
-    _slow_first_connect(monkeypatch, 1.0)
+    gate = _gated_first_connect(monkeypatch)
     b = build(total=4096, running=2, mamba=8, chunk=256, opts={**OPTS, "l3": url})
-    assert not b.cache.l3.breaker.up  # still connecting when the request arrives
-    r = b.run(turn2, max_new=4)
+    b.s.submit("t2", turn2, 4)
+    for _ in range(3):  # the store has not answered: the request is held, not admitted
+        b.s.step()
+    assert not b.cache.l3.breaker.up and "t2" not in b.s.results()
+    gate.set()
+    b.s.run_until_idle()
+    r = b.s.results()["t2"]
     st = b.cache.stats()
     assert st["l3_waited_connect"] == 1 and st["l3_skipped_off"] == 0, st
     assert st["l3_lookups"] == 1 and st["l3_fetches_landed"] == 1, st
@@ -275,24 +282,21 @@ def test_a_request_arriving_while_l3_first_connects_waits_for_it(
 def test_the_wait_for_a_first_connection_is_bounded(build, tmp_path: Path, monkeypatch) -> None:
     """A store that has not answered within ``FIRST_CONNECT_WAIT_S`` costs that wait once: the
     request is served from device and host (recomputed here) and L3 is not looked up."""
-    import time
-
     from sglang_hybrid.sglang import l3_tier
 
     url = f"file://{tmp_path / 'l3'}"
     turn2, _ = _first_turn(build, url)
     monkeypatch.setattr(l3_tier, "FIRST_CONNECT_WAIT_S", 0.3)
-    _slow_first_connect(monkeypatch, 3.0)
+    gate = _gated_first_connect(monkeypatch)
     b = build(total=4096, running=2, mamba=8, chunk=256, opts={**OPTS, "l3": url})
-    t0 = time.monotonic()
     b.s.submit("late", turn2, 4)
     while not (r := b.s.results().get("late")) or not r.finished:
         b.s.step()
-    waited = time.monotonic() - t0
+    assert not b.cache.l3.breaker.up  # served before the store answered
     st = b.cache.stats()
     assert st["l3_waited_connect"] == 1 and st["l3_skipped_off"] == 1, st
     assert st["l3_lookups"] == 0 and r.cached_tokens == 0, st
-    assert waited < 2.5, waited  # served before the store answered
+    gate.set()
     _written(b)
     assert b.cache.l3.breaker.up
     b.cache.index.check_integrity()
