@@ -33,6 +33,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from . import eviction, persist, publication
 from . import valuation as val
@@ -545,11 +546,11 @@ class PrefixIndex:
         self._pressure_bumps += bumps
 
     # ================================================================ persistence (§5.5)
-    def export_learned(self) -> dict[str, object] | None:
+    def export_learned(self) -> dict[str, Any] | None:
         """The host's learned order, for the cache file (``persist.export_learned``)."""
         return persist.export_learned(self)
 
-    def adopt_learned(self, state: dict[str, object]) -> int:
+    def adopt_learned(self, state: dict[str, Any]) -> int:
         """A saved learned order taken; its events (``persist.adopt_learned``)."""
         return persist.adopt_learned(self, state)
 
