@@ -30,6 +30,9 @@ def make_index(
     min_gap: int = 1024,
     cost: CostModel = UNIT_COST,
     host_order: str = "duel",
+    host_exclusive: bool = False,
+    chunk: int = 256,
+    concurrency: int = 4,
 ) -> PrefixIndex:
     cfg = CacheConfig(
         host_cache_bytes=host_slabs * slab_bytes,
@@ -37,9 +40,10 @@ def make_index(
         taps_per_request=taps,
         tap_ladder_tokens=ladder,
         tap_min_gap_tokens=min_gap,
-        chunk_tokens=256,
-        concurrency=4,
+        chunk_tokens=chunk,
+        concurrency=concurrency,
         host_order=host_order,
+        host_exclusive=host_exclusive,
     )
     return PrefixIndex(cfg, image_bytes=image_bytes, slab_bytes=slab_bytes, cost=cost)
 

@@ -24,12 +24,15 @@ from sglang_hybrid.index.host_eviction import make_room
 
 
 class World:
-    def __init__(self, seed: int) -> None:
+    def __init__(self, seed: int, *, exclusive: bool = False) -> None:
         self.rng = random.Random(seed)
-        self.idx = make_index(host_slabs=90, slots=4, image_bytes=700, slab_bytes=100)
+        self.idx = make_index(
+            host_slabs=90, slots=4, image_bytes=700, slab_bytes=100, host_exclusive=exclusive
+        )
         self.dev = Device()
         self.prompts: list[list[int]] = []
         self.lanes: list[dict] = []  # {lane, key, done, n, fills}
+        self.demotions: list[list[tuple[BlockNode, int]]] = []  # copies in flight, oldest first
 
     # ------------------------------------------------------------ prompts
     def prompt(self) -> list[int]:
@@ -152,6 +155,19 @@ class World:
         if self.idx.host is not None:
             make_room(self.idx, self.rng.randrange(1, 40))
 
+    def demote(self) -> None:
+        """An exclusive host's demotions: issued, then landed or failed some steps later (the
+        blocks meanwhile exposed to every other operation, deletion of their subtree included)."""
+        r = self.rng.random()
+        if r < 0.5 or not self.demotions:
+            planned = self.idx.transfers.plan_demotions()
+            if planned:
+                self.demotions.append(planned)
+        elif r < 0.95:
+            self.idx.transfers.complete_demotions(self.demotions.pop(0))
+        else:
+            self.idx.transfers.abort_demotions(self.demotions.pop(0))
+
     def lose_copy(self) -> None:
         """Drop the host copy of a random unpinned node (its subtree goes when it was the last)."""
         idx = self.idx
@@ -171,22 +187,26 @@ class World:
             self.advance()
         elif r < 0.90:
             self.device_pressure()
-        elif r < 0.97:
+        elif r < 0.95:
             self.host_pressure()
+        elif r < 0.97:
+            self.demote()
         else:
             self.lose_copy()
         self.dev.collect(self.idx)
         check_integrity(self.idx)
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_random_operations_keep_every_invariant(seed: int, request) -> None:
+@pytest.mark.parametrize("seed,exclusive", [(0, False), (1, False), (2, True)])
+def test_random_operations_keep_every_invariant(seed: int, exclusive: bool, request) -> None:
     ops = request.config.getoption("--index-ops") // 2
-    w = World(seed)
+    w = World(seed, exclusive=exclusive)
     for _ in range(ops):
         w.step()
     while w.lanes:
         w.finish(w.lanes[0], cancelled=True)
+    while w.demotions:
+        w.idx.transfers.complete_demotions(w.demotions.pop(0))
     w.dev.collect(w.idx)
     check_integrity(w.idx)
     idx = w.idx
@@ -202,3 +222,6 @@ def test_random_operations_keep_every_invariant(seed: int, request) -> None:
     stats = idx.stats
     assert stats.taps_published and stats.endpoints_published and stats.host_gdsf_evicted
     assert stats.device_evicted_unbacked and stats.subtree_deletions and stats.host_dead_swept
+    # Without an exclusive host nothing demotes and no duplicate is given up.
+    assert bool(stats.blocks_demoted) == exclusive
+    assert bool(stats.host_duplicates_dropped) == exclusive

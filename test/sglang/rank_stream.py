@@ -1,6 +1,7 @@
 """One TP rank's view of a request stream, for ``test_rank_determinism.py``.
 
     python rank_stream.py MODEL_DIR OUT.json [--noise N] [--group RENDEZVOUS RANK DELAY_S]
+                          [--exclusive]
 
 Builds SGLang's real Scheduler (CPU token worker, ``--radix-cache hybrid`` with the host tier and
 coalescing), runs a fixed stream (groups arriving together with new shared prefixes, multi-turn
@@ -10,6 +11,8 @@ between submissions, so CPython hands out different addresses than in a run with
 rank 0 (which unpickles every request) against the other ranks. ``--group`` joins a two-process
 gloo group the host tier's poll MIN-all-reduces over, and delays this rank's copies by DELAY_S
 each, so the ranks finish copies at different times (asynchronous host tier, issue #13).
+``--exclusive`` holds each block on one tier (``index/demotion.py``): demotions are issued from
+what the ranks' copies have retired, so they too must follow the agreed count.
 """
 
 from __future__ import annotations
@@ -55,7 +58,11 @@ def main() -> None:
         max_running_requests=4,
         max_mamba_cache_size=24,
         radix_cache_backend="hybrid",
-        server_args_attrs={"_hybrid_options": HybridOptions(host_cache_mib=8)},
+        server_args_attrs={
+            "_hybrid_options": HybridOptions(
+                host_cache_mib=8, host_exclusive="--exclusive" in sys.argv
+            )
+        },
     )
     stats = {"held_back": 0}
     if "--group" in sys.argv:  # RENDEZVOUS_FILE RANK DELAY: the host tier polls over a real group
@@ -106,6 +113,7 @@ def main() -> None:
         s.run_until_idle()
     records = s.tree_cache.rank_check.records
     Path(out).write_text(json.dumps([list(r) for r in records]))
+    stats["blocks_demoted"] = s.tree_cache.index.stats.blocks_demoted
     Path(out + ".stats").write_text(json.dumps(stats))
     s.close()
 

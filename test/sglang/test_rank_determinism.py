@@ -23,7 +23,9 @@ import pytest
 HERE = Path(__file__).resolve().parent
 
 
-def _start_rank(model: Path, out: Path, seed: str, noise: int, group: list[str]) -> Any:
+def _start_rank(
+    model: Path, out: Path, seed: str, noise: int, group: list[str], exclusive: bool = False
+) -> Any:
     env = {**os.environ, "PYTHONHASHSEED": seed}
     cmd = [
         sys.executable,
@@ -34,6 +36,7 @@ def _start_rank(model: Path, out: Path, seed: str, noise: int, group: list[str])
         str(noise),
         "--group",
         *group,
+        *(["--exclusive"] if exclusive else []),
     ]
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -44,13 +47,19 @@ def _finish(proc: Any, out: Path) -> tuple[list, dict]:
     return json.loads(out.read_text()), json.loads(Path(f"{out}.stats").read_text())
 
 
-def test_rank_determinism_two_schedulers_decide_the_same(qwen3_next_dir, tmp_path) -> None:
+@pytest.mark.parametrize("exclusive", [False, True])
+def test_rank_determinism_two_schedulers_decide_the_same(
+    qwen3_next_dir, tmp_path, exclusive: bool
+) -> None:
     """Two ranks with different hash seeds, allocation histories and copy speeds (rank B's host
     copies take 3 ms longer each): the host tier's poll agrees on the MIN of finished copies
-    over a real gloo group, so every pass decides the same although rank A finishes first."""
+    over a real gloo group, so every pass decides the same although rank A finishes first.
+    With an exclusive host the demotions each rank issues follow that count too."""
     store = str(tmp_path / "rendezvous")
-    a_proc = _start_rank(qwen3_next_dir, tmp_path / "a.json", "1", 0, [store, "0", "0"])
-    b_proc = _start_rank(qwen3_next_dir, tmp_path / "b.json", "977", 300, [store, "1", "0.003"])
+    a_proc = _start_rank(qwen3_next_dir, tmp_path / "a.json", "1", 0, [store, "0", "0"], exclusive)
+    b_proc = _start_rank(
+        qwen3_next_dir, tmp_path / "b.json", "977", 300, [store, "1", "0.003"], exclusive
+    )
     a, a_stats = _finish(a_proc, tmp_path / "a.json")
     b, _ = _finish(b_proc, tmp_path / "b.json")
     held = sum(len(r[2]) for r in a)
@@ -58,6 +67,7 @@ def test_rank_determinism_two_schedulers_decide_the_same(qwen3_next_dir, tmp_pat
     assert len(a) > 50 and held > 0  # the stream exercised coalescing
     # The agreement mattered: rank A had finished copies rank B had not, and waited for them.
     assert a_stats["held_back"] > 0
+    assert (a_stats["blocks_demoted"] > 0) is exclusive
     for i, (x, y) in enumerate(zip(a, b)):
         assert x == y, f"pass {i}: rank A decided {x}, rank B {y}"
     assert len(a) == len(b)

@@ -9,7 +9,8 @@ suite (the checking worker proves every resumed KV and state against an uncached
 
 Which ones: the overlap suite's taps (SGLang's overlap loop, a chunked prompt, zero-split), a
 scenario with a tail resume and one with a cancel mid-prefill, host-tier write-through under its
-bound and shed under pressure, a conversation restored from the host, speculative decoding under
+bound and shed under pressure, a conversation restored from the host, an exclusive host's
+demotions in flight across passes, speculative decoding under
 overlap. All of them: ``test_stream_sanitizer_suites_full.py`` (``make stream-sanitizer``).
 """
 
@@ -20,6 +21,7 @@ from typing import Any
 
 import pytest
 import test_host_async as host_async
+import test_host_exclusive as host_exclusive
 import test_host_tier as host_tier
 import test_scenarios as scenarios
 import test_speculative as speculative
@@ -54,6 +56,10 @@ def test_write_through_beyond_the_bound_waits_then_is_issued(build, slow_copies)
 
 def test_device_pressure_sheds_the_write_backlog(build, slow_copies) -> None:  # noqa: F811
     host_async.test_device_pressure_sheds_the_write_backlog(build, slow_copies)
+
+
+def test_demotions_in_flight_across_passes(build, slow_copies) -> None:  # noqa: F811
+    host_exclusive.test_demotions_in_flight_across_passes(build, slow_copies)
 
 
 def test_only_accepted_tokens_reach_the_index_under_overlap(build) -> None:

@@ -27,9 +27,10 @@ from .keys import BLOCK_TOKENS, PromptKey, pack_tokens
 from .lane import Lane
 from .match import Match
 from .node import BlockNode, Residency
-from .prefix_index import IndexStats, PrefixIndex
+from .prefix_index import PrefixIndex
 from .snapshot import Snapshot, SnapshotKind
 from .split_rule import SplitRule
+from .stats import IndexStats
 from .taps import HintKind, Tap, TapHint, TapPlanner, TapSource
 
 __all__ = [

@@ -11,6 +11,8 @@ snapshot slots     C + 1 (host) / C + 2        one resident snapshot per live co
 taps per request   8 (host) / 2                without a host, taps would evict other lineages
 tap ladder G       max(4096, 2 * chunk)        ladder taps land on chunk boundaries anyway
 tap min gap        max(1024, chunk)            the same
+demote reserve     2 * (chunk + 64 * C)        a pass's evictions, twice: the least the device
+                                               LRU keeps backed ahead of eviction (``demotion``)
 =================  ==========================  ==================================================
 """
 
@@ -20,8 +22,10 @@ from dataclasses import dataclass
 
 from .hit_density import HOST_ORDERS
 from .host_slabs import ConfigError
+from .keys import BLOCK_TOKENS
 
 DEFAULT_HOST_CACHE_MIB = 8192
+DEFAULT_HOST_EXCLUSIVE = False  # ``demotion``
 
 FLAG_HOST = "--hybrid-host-cache-mib"
 FLAG_SLOTS = "--hybrid-device-snapshot-slots"
@@ -29,6 +33,7 @@ FLAG_TAPS = "--hybrid-taps-per-request"
 FLAG_LADDER = "--hybrid-tap-ladder"
 FLAG_MIN_GAP = "--hybrid-tap-min-gap"
 FLAG_HOST_ORDER = "--hybrid-host-order"
+FLAG_HOST_EXCLUSIVE = "--hybrid-host-exclusive"
 HOST_ORDER_CHOICES = tuple(HOST_ORDERS)
 
 
@@ -42,10 +47,22 @@ class CacheConfig:
     chunk_tokens: int
     concurrency: int
     host_order: str = "duel"  # the host's victim order once learned (``hit_density``)
+    host_exclusive: bool = False  # each block on one tier (``demotion``)
 
     @property
     def has_host(self) -> bool:
         return self.host_cache_bytes > 0
+
+    @property
+    def demote_reserve_tokens(self) -> int:
+        """The least device tokens an exclusive host keeps backed at the LRU's evicting end
+        (``demotion.Reserve`` follows the evictions seen): a pass's prefill evicts at most a
+        chunk and a page per running request; twice that, so that the demotions issued after
+        one pass have landed before the next pass's evictions need them. 0 without an
+        exclusive host."""
+        if not (self.host_exclusive and self.has_host):
+            return 0
+        return 2 * (self.chunk_tokens + BLOCK_TOKENS * self.concurrency)
 
     def describe(self) -> str:
         host = f"{self.host_cache_bytes / 2**20:.0f} MiB" if self.has_host else "off"
@@ -55,6 +72,7 @@ class CacheConfig:
             f"min gap {self.tap_min_gap_tokens} (concurrency {self.concurrency}, "
             f"chunk {self.chunk_tokens})"
             + (f", host order {self.host_order}" if self.host_order != "duel" else "")
+            + (", exclusive host" if self.host_exclusive and self.has_host else "")
         )
 
 
@@ -77,6 +95,7 @@ def resolve_config(
     tap_ladder_tokens: int | None = None,
     tap_min_gap_tokens: int | None = None,
     host_order: str = "duel",
+    host_exclusive: bool | None = None,
 ) -> CacheConfig:
     if concurrency <= 0:
         raise ConfigError(f"concurrency must be positive, got {concurrency}")
@@ -102,4 +121,6 @@ def resolve_config(
         chunk_tokens=chunk_tokens,
         concurrency=concurrency,
         host_order=host_order,
+        host_exclusive=has_host
+        and (DEFAULT_HOST_EXCLUSIVE if host_exclusive is None else host_exclusive),
     )

@@ -86,6 +86,7 @@ def evict_device(index: PrefixIndex, tokens: int, *, backed_only: bool = False) 
                 stats.device_evicted_unbacked += 1
                 index.delete_snapshot(victim)
     index.note_pressure(victims)  # device pressure moves no resume point
+    index.reserve.note_evicted(start - residency.device_tokens)
     if victims:
         index.thrash.note_eviction()
     return start - residency.device_tokens

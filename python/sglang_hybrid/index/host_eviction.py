@@ -1,6 +1,7 @@
 """Host eviction (spec §9.3): dead KV first, then superseded snapshots, then GDSF.
 
-To free slabs:
+To free slabs (with an exclusive host, ``demotion``, step 0 after the dead-KV sweep gives up
+host copies of blocks the device holds before anything else):
 
 1. dead-KV sweep: host copies of nodes no snapshot can reach (``live_snapshots_below == 0``, no
    refs, no pins) can never produce a hit; leaves first, so no child outlives its parent's copy;
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .demotion import drop_duplicates
 from .hit_density import GDSF, LEARNED, SAMPLE
 from .newcomers import snapshot_uses
 from .node import BlockNode, FastResidency
@@ -52,10 +54,13 @@ def make_room(
     if k > host.n_slabs:
         return False
     while host.free < k:
-        index.thrash.note_eviction()
         if index.dead:
+            index.thrash.note_eviction()
             _sweep_one(index)
             continue
+        if drop_duplicates(index, k - host.free):  # an exclusive host's step 0: nothing lost
+            continue
+        index.thrash.note_eviction()
         victim = _oldest_superseded(index)
         if victim is not None:
             index.stats.host_superseded_evicted += 1

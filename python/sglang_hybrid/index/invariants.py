@@ -194,11 +194,15 @@ def check_integrity(index: PrefixIndex) -> None:
                 f"!= {live[id(n)]}/{retained[id(n)]}"
             )
         free = n.active_refs == 0 and n.restore_pins == 0
-        in_lru = free and n.device_state is R.RESIDENT
+        in_lru = free and n.device_state is R.RESIDENT and n.host_state is not R.FILLING
         if in_lru != (n in index.lru):
             _fail(f"{n}: LRU membership")
-        if in_lru and index.lru.is_backed(n) != (n.host_state is R.RESIDENT):
-            _fail(f"{n}: LRU backed list")
+        if in_lru:
+            lost = index.residency.dead_first and n.live_snapshots_below == 0
+            backed = n.host_state is R.RESIDENT
+            lst = index.lru.dead if lost else index.lru.backed if backed else index.lru.unbacked
+            if n not in lst:
+                _fail(f"{n}: LRU list (dead {lost}, backed {n.host_state is R.RESIDENT})")
         dead = free and n.host_state is R.RESIDENT and n.live_snapshots_below == 0
         if dead != (n in index.dead):
             _fail(f"{n}: dead-KV membership")
@@ -207,10 +211,14 @@ def check_integrity(index: PrefixIndex) -> None:
             _fail(f"{n}: in the dead list but not in the tree")
     if device_tokens != index.device_tokens:
         _fail(f"device tokens {index.device_tokens} != {device_tokens}")
-    lru_tokens = sum(index.lru.backed.values()) + sum(index.lru.unbacked.values())
+    lru_tokens = sum(
+        sum(lst.values()) for lst in (index.lru.backed, index.lru.unbacked, index.lru.dead)
+    )
     if lru_tokens != index.lru.tokens:
         _fail(f"LRU tokens {index.lru.tokens} != {lru_tokens}")
-    for lst in (index.lru.backed, index.lru.unbacked):
+    if sum(index.lru.backed.values()) != index.lru.backed_tokens:
+        _fail(f"backed LRU tokens {index.lru.backed_tokens} != {sum(index.lru.backed.values())}")
+    for lst in (index.lru.backed, index.lru.unbacked, index.lru.dead):
         for e, tokens in lst.items():
             if isinstance(e, Snapshot):
                 if e.id not in index.snapshots:

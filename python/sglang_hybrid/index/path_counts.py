@@ -30,8 +30,11 @@ def add_live(node: BlockNode, delta: int, residency: ResidencyTracker) -> None:
         node.live_snapshots_below = before + delta
         if (before == 0) == (before + delta == 0):
             return
-        # Liveness decides only dead-KV membership, which needs a host copy: re-derive there.
-        if node.host_state is R.RESIDENT:
+        # Liveness decides dead-KV membership, which needs a host copy, and with an exclusive
+        # host the device LRU's dead list: re-derive there.
+        if node.host_state is R.RESIDENT or (
+            residency.dead_first and node.device_state is R.RESIDENT
+        ):
             changed(node)
         node = node.parent
 

@@ -32,13 +32,13 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from . import eviction, persist, publication
 from . import valuation as val
 from .config import CacheConfig
 from .cost import CostModel
+from .demotion import Reserve
 from .device_lru import DeviceLRU
 from .device_slots import DeviceSnapshotSlots
 from .followups import WINDOW_TOKENS, FollowUpOffsets
@@ -55,31 +55,13 @@ from .residency import ResidencyTracker
 from .snapshot import Snapshot, SnapshotKind
 from .source_hits import SourceHits, key_of
 from .split_rule import SplitRule
+from .stats import IndexStats
 from .taps import END_TOKENS, Tap, TapHint, TapPlanner
 from .transfers import HostTransfers
 from .tree import BlockTree
 
 R = FastResidency  # Residency, read faster (node.py)
 NO_BOUND = 1 << 62  # a newcomer count every resident loses to
-
-
-@dataclass(slots=True)
-class IndexStats:
-    """The index's own counters: only changed by the index and its parts (``transfers``,
-    ``host_eviction``); the binding and the coalescer keep theirs."""
-
-    taps_published: int = 0
-    endpoints_published: int = 0
-    duplicate_publications: int = 0
-    skipped_no_slot: int = 0
-    device_evicted_backed: int = 0
-    device_evicted_unbacked: int = 0
-    subtree_deletions: int = 0
-    host_dead_swept: int = 0
-    host_superseded_evicted: int = 0
-    host_gdsf_evicted: int = 0  # step 3's victims, under either order
-    host_learned_evicted: int = 0  # of those, the learned order's (``hit_density``)
-    image_writes_refused: int = 0
 
 
 class PrefixIndex:
@@ -91,8 +73,12 @@ class PrefixIndex:
         self.slab_bytes = slab_bytes
         # Parts, each changed only through its own methods; who calls which is noted here.
         self.tree = BlockTree()  # structure: commit, delete_subtree, adopt_node
-        self.residency = ResidencyTracker()  # the LRU, dead KV, device tokens, dropped handles
+        self.residency = ResidencyTracker(
+            config.host_exclusive
+        )  # the LRU, dead KV, device tokens, dropped handles
         self.transfers = HostTransfers(self)  # the binding's host copies (write, fill, prefetch)
+        # An exclusive host's demotion reserve: evict_device counts, plan_demotions ticks.
+        self.reserve = Reserve(config.demote_reserve_tokens)
         # Snapshot slots: taken and released only here (reserve, cancel, publish, drop, delete).
         self.slots = DeviceSnapshotSlots(config.device_snapshot_slots)
         # Host slabs: allocated and released only by this class, ``transfers`` and ``persist``.
@@ -109,7 +95,12 @@ class PrefixIndex:
         # Reuse ages, hits and host evictions (``hit_density``): the host's learned order.
         self.density: HitDensity | None = HitDensity(config.host_order) if config.has_host else None
         self.valuer = val.Valuer(
-            cost, image_bytes, slab_bytes, host=config.has_host, queue=self.gdsf
+            cost,
+            image_bytes,
+            slab_bytes,
+            host=config.has_host,
+            queue=self.gdsf,
+            any_tier=config.host_exclusive,
         )
         self.planner = TapPlanner(  # its only state, over_budget, moves in plan_taps
             taps_per_request=config.taps_per_request,
@@ -511,8 +502,9 @@ class PrefixIndex:
             self.delete_subtree(n)
         else:
             self.residency.node_changed(n)
-            if (owner := val.sole_retained_below(n)) is not None:
-                self.valuer.revalue(owner)  # its exclusive path lost host bytes
+            # Its exclusive path lost host bytes; with an exclusive host, Z counts either tier.
+            if not self.valuer.any_tier and (owner := val.sole_retained_below(n)) is not None:
+                self.valuer.revalue(owner)
         self.epoch += 1
 
     def drop_snapshot_host(self, s: Snapshot) -> None:

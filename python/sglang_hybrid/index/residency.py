@@ -25,9 +25,11 @@ R = FastResidency  # Residency, read faster (node.py)
 
 
 class ResidencyTracker:
-    def __init__(self) -> None:
-        # Free nodes' and unpinned tails' device copies, backed ones first (§9.1).
+    def __init__(self, dead_first: bool = False) -> None:
+        # Free nodes' and unpinned tails' device copies, backed ones first (§9.1); with
+        # ``dead_first`` (an exclusive host) blocks no live snapshot lies below before both.
         self.lru = DeviceLRU()
+        self.dead_first = dead_first
         # Free nodes whose host copy no snapshot reaches, oldest first (§9.3 dead KV).
         self.dead: OrderedDict[BlockNode, None] = OrderedDict()
         # Device tokens held by cache entries (nodes and tails, Filling ones included).
@@ -50,15 +52,20 @@ class ResidencyTracker:
 
     # ================================================================ the entry point
     def node_changed(self, n: BlockNode) -> None:
-        """Re-derive the node's LRU and dead-KV membership from its fields."""
+        """Re-derive the node's LRU and dead-KV membership from its fields.
+
+        A free node whose host copy is Filling is being demoted (``demotion``; a write-through's
+        lane pins its nodes): it stays out of the LRU until its copy lands, so no eviction
+        frees the pages the copy reads."""
         free = n.active_refs == 0 and n.restore_pins == 0
-        in_lru = free and n.device_state is R.RESIDENT
+        in_lru = free and n.device_state is R.RESIDENT and n.host_state is not R.FILLING
         backed = n.host_state is R.RESIDENT
         if in_lru:
+            lost = self.dead_first and n.live_snapshots_below == 0
             if n in self.lru:
-                self.lru.set_backed(n, backed)
+                self.lru.set_backed(n, backed, lost)
             else:
-                self.lru.add(n, BLOCK_TOKENS, backed)
+                self.lru.add(n, BLOCK_TOKENS, backed, lost)
         elif n in self.lru:
             self.lru.remove(n)
         dead = free and backed and n.live_snapshots_below == 0
@@ -90,7 +97,7 @@ class ResidencyTracker:
         with no live snapshot below (where a free node is); any other ref leaves it in neither."""
         node.active_refs += 1
         if node.active_refs == 1 and node.restore_pins == 0:
-            if node.device_state is R.RESIDENT:
+            if node.device_state is R.RESIDENT and node.host_state is not R.FILLING:
                 self.lru.remove(node)
             if node.host_state is R.RESIDENT and node.live_snapshots_below == 0:
                 del self.dead[node]
@@ -102,15 +109,16 @@ class ResidencyTracker:
         deepest first (§9.1). Equivalent to ``active_refs -= 1; node_changed(node)`` per node:
         a node that becomes free was pinned, so in neither list, and node_changed would add it
         to the LRU (backed list when its host copy is Resident) when its device copy is Resident
-        and to the dead list when its host copy is Resident with no live snapshot below.
+        and to the dead list when its host copy is Resident with no live snapshot below. (A
+        node being demoted, host copy Filling, stays out of the LRU until its copy lands.)
 
         Nodes used at most ``probation`` times enter at the evicting end instead, deepest
         nearest to it (``newcomers``: while the cache thrashes, a newcomer used no more often
         than the next victim is the next victim). ``tails``, the lane's taps with a tail, move
         with their anchors, just before them: a tail entered the LRU when its tap was
         published, mid-prefill, and would otherwise be older than the blocks it extends."""
-        lru, dead = self.lru, self.dead
-        resident = R.RESIDENT
+        lru, dead, dead_first = self.lru, self.dead, self.dead_first
+        resident, filling = R.RESIDENT, R.FILLING
         moved: list[Snapshot] = []
         for s in tails:
             if s in lru:
@@ -119,23 +127,40 @@ class ResidencyTracker:
         for s in moved:
             if s.anchor.uses > probation:
                 lru.add(s, s.tail_device_tokens, s.tail_host_state is resident)
-        behind: list[tuple[BlockNode, bool]] = []
+        behind: list[tuple[BlockNode, bool, bool]] = []
         for node in reversed(path):
             node.active_refs -= 1
             if node.active_refs == 0 and node.restore_pins == 0:
                 backed = node.host_state is resident
-                if node.device_state is resident:
+                lost = node.live_snapshots_below == 0
+                if node.device_state is resident and node.host_state is not filling:
                     if node.uses <= probation:
-                        behind.append((node, backed))
+                        behind.append((node, backed, dead_first and lost))
                     else:
-                        lru.add(node, BLOCK_TOKENS, backed)
-                if backed and node.live_snapshots_below == 0:
+                        lru.add(node, BLOCK_TOKENS, backed, dead_first and lost)
+                if backed and lost:
                     dead[node] = None
-        for node, backed in reversed(behind):  # shallowest first: the deepest ends at the head
-            lru.add_head(node, BLOCK_TOKENS, backed)
+        for node, backed, gone in reversed(behind):  # shallowest first: the deepest at the head
+            lru.add_head(node, BLOCK_TOKENS, backed, gone)
         for s in moved:
             if s.anchor.uses <= probation:
                 lru.add_head(s, s.tail_device_tokens, s.tail_host_state is resident)
+
+    def return_demoted(self, nodes: Sequence[BlockNode]) -> None:
+        """Demoted ``nodes`` (oldest first), their host copies now Resident or given back,
+        re-enter the LRU at the evicting end of their list, where they left it, the oldest
+        nearest it: demotion took them because they were next."""
+        lru = self.lru
+        for n in reversed(nodes):
+            if (
+                n.active_refs == 0
+                and n.restore_pins == 0
+                and n.device_state is R.RESIDENT
+                and n not in lru
+            ):
+                lost = self.dead_first and n.live_snapshots_below == 0
+                lru.add_head(n, BLOCK_TOKENS, n.host_state is R.RESIDENT, lost)
+            self.node_changed(n)
 
     def touch(self, node: BlockNode) -> None:
         """A hit: the node's device copy (if free) goes to the MRU end of its list."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from . import valuation as val
+from .demotion import demotion_candidates
 from .host_eviction import make_room
 from .newcomers import snapshot_uses
 from .node import BlockNode, FastResidency
@@ -72,13 +73,21 @@ class HostTransfers:
         ix.epoch += 1
 
     def complete_writes(self, written: list[tuple[BlockNode, int]]) -> None:
-        ix = self.index
-        done = {id(n) for n, _ in written}
-        owners: dict[int, Snapshot] = {}
-        changed = ix.residency.node_changed
+        changed = self.index.residency.node_changed
         for node, _ in written:
             node.host_state = R.RESIDENT
             changed(node)
+        self._landed(written)
+
+    def _landed(self, written: list[tuple[BlockNode, int]]) -> None:
+        """Blocks gained host copies: the snapshots whose exclusive paths they are revalue (not
+        with an exclusive host: Z counts the blocks' device copies already)."""
+        ix = self.index
+        if ix.valuer.any_tier:
+            ix.epoch += 1
+            return
+        done = {id(n) for n, _ in written}
+        owners: dict[int, Snapshot] = {}
         for node, _ in written:
             p = node.parent
             if node.retained_below == 1 and (
@@ -89,6 +98,59 @@ class HostTransfers:
                     owners[o.id] = o
         for o in owners.values():
             ix.valuer.revalue(o)
+        ix.epoch += 1
+
+    # ================================================================ demotion (``demotion``)
+    def plan_demotions(self) -> list[tuple[BlockNode, int]]:
+        """Host slabs for the unbacked blocks next in the device's eviction order (an exclusive
+        host, once per scheduler iteration). Marks them Filling on the host, which keeps them out
+        of the LRU; the caller copies, then calls :meth:`complete_demotions` (or
+        :meth:`abort_demotions`). Room is made as for write-through; blocks that find none stay
+        unbacked. A block deleted meanwhile (an unpinned ancestor lost its last copy, §9.4) took
+        its slab with it: the copy's bytes are then discarded."""
+        ix = self.index
+        host = ix.host
+        if host is None:
+            return []
+        ix.reserve.tick()
+        todo = candidates = demotion_candidates(ix)
+        if not candidates:
+            return []
+        if not make_room(ix, len(todo), uses=ix.newcomer_uses(todo[-1].uses)):
+            todo = []
+            for node in candidates:  # short of room: as many as eviction frees, oldest first
+                if not make_room(ix, len(todo) + 1, uses=ix.newcomer_uses(node.uses)):
+                    break
+                todo.append(node)
+        # Host eviction may have deleted a candidate's subtree (a dead ancestor swept).
+        todo = [n for n in todo if n.device_state is R.RESIDENT and n.host_state is R.ABSENT]
+        slabs = host.alloc(len(todo)) if todo else None
+        if slabs is None:
+            return []
+        changed = ix.residency.node_changed
+        for node, slab in zip(todo, slabs, strict=True):
+            node.host_slab, node.host_state = slab, R.FILLING
+            changed(node)
+        return list(zip(todo, slabs, strict=True))
+
+    def complete_demotions(self, planned: list[tuple[BlockNode, int]]) -> None:
+        ix = self.index
+        live = [(n, slab) for n, slab in planned if _demoting(n, slab)]
+        for node, _ in live:
+            node.host_state = R.RESIDENT
+        ix.residency.return_demoted([n for n, _ in live])
+        ix.stats.blocks_demoted += len(live)
+        self._landed(live)
+
+    def abort_demotions(self, planned: list[tuple[BlockNode, int]]) -> None:
+        """The copy failed: the slabs go back, the blocks stay device-only and evictable."""
+        ix = self.index
+        assert ix.host is not None
+        live = [(n, slab) for n, slab in planned if _demoting(n, slab)]
+        for node, _ in live:
+            node.host_slab, node.host_state = -1, R.ABSENT
+        ix.host.release([slab for _, slab in live])
+        ix.residency.return_demoted([n for n, _ in live])
         ix.epoch += 1
 
     def plan_image_write(self, s: Snapshot) -> tuple[tuple[int, ...], int] | None:
@@ -192,3 +254,8 @@ class HostTransfers:
         s.tail_device_tokens = 0  # as before the fill: admission sizes a restore by the tail
         self.index.unpin_snapshot(s)
         self.index.epoch += 1
+
+
+def _demoting(node: BlockNode, slab: int) -> bool:
+    """Still the demotion planned: not deleted (which released its slab) since."""
+    return node.host_state is R.FILLING and node.host_slab == slab

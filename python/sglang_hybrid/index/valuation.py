@@ -131,14 +131,17 @@ def retained_frontier_below(s: Snapshot) -> Iterator[Snapshot]:
             yield d
 
 
-def exclusive_path_bytes(s: Snapshot, slab_bytes: int) -> int:
+def exclusive_path_bytes(s: Snapshot, slab_bytes: int, any_tier: bool = False) -> int:
+    """Host bytes of the path blocks only ``s`` keeps; ``any_tier``: of those with a copy on
+    either tier (an exclusive host, ``demotion``: a block's tier changes as it ages, its claim
+    on the two tiers' sum does not, so a snapshot is not ranked by where its blocks are now)."""
     if s.superseded:
         return 0
     total = 0
     resident = FastResidency.RESIDENT
     node: BlockNode | None = s.anchor
     while node is not None and not node.is_root and node.retained_below == 1:
-        if node.host_state is resident:
+        if node.host_state is resident or (any_tier and node.device_state is resident):
             total += slab_bytes
         node = node.parent
     return total
@@ -175,6 +178,7 @@ class Valuer:
         *,
         host: bool = True,
         queue: GdsfQueue | None = None,
+        any_tier: bool = False,
     ) -> None:
         self.cost = cost
         self.image_bytes = image_bytes
@@ -184,6 +188,7 @@ class Valuer:
         # skip that O(path) walk, run on every revaluation.
         self.host = host
         self.queue = queue
+        self.any_tier = any_tier  # Z counts path blocks on either tier (an exclusive host)
 
     # The spec's three formulas, each written once (§9.3); the float operations and their order
     # are what every caller computed before, so values are bit-identical.
@@ -205,7 +210,7 @@ class Valuer:
         """(C, Z, H) of ``s`` from the current tree, without storing them."""
         a = nearest_retained_above(s)
         c = self._c(a.frontier if a is not None else 0, s.frontier)
-        path_bytes = exclusive_path_bytes(s, self.slab_bytes) if self.host else 0
+        path_bytes = exclusive_path_bytes(s, self.slab_bytes, self.any_tier) if self.host else 0
         z = float(self._z(s.has_tail, path_bytes))
         return c, z, self._h(s.l_at, s.prior + s.hits + s.demand, c, z)
 

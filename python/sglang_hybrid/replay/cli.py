@@ -246,6 +246,12 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
         help="--hybrid-host-order: the host tier's victim order once learned (default duel)",
     )
     hy.add_argument(
+        "--host-exclusive",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="--hybrid-host-exclusive: each KV block on one tier (default: the server's)",
+    )
+    hy.add_argument(
         "--coalesce",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -288,6 +294,7 @@ def _settings(args: argparse.Namespace, budget_gib: float) -> ReplaySettings:
         capture_grid=args.capture_grid or "any",
         split_threshold=args.split_threshold,
         host_order=getattr(args, "host_order", "duel"),
+        host_exclusive=getattr(args, "host_exclusive", None),
         overlap=args.overlap,
         model_dir=args.model_dir,
         progress=args.progress,

@@ -103,6 +103,7 @@ class ReplaySettings:
     capture_grid: str = "any"
     split_threshold: float = 1.0  # --hybrid-split-threshold (index/split_rule.py)
     host_order: str = "duel"  # --hybrid-host-order (index/hit_density.py)
+    host_exclusive: bool | None = None  # --hybrid-host-exclusive (index/demotion.py)
     overlap: bool = False  # SGLang's overlap loop, for every cache that supports it (--overlap)
     l3_bytes: int = 0  # the L3 variants' store (``l3_model.py``), bytes of the geometry
     model_dir: str | None = None  # the tiny model; written once under the cache dir if unset
@@ -171,6 +172,7 @@ def replay(
         tap_mode=settings.tap_mode,
         split_threshold=settings.split_threshold,
         host_order=settings.host_order,
+        host_exclusive=settings.host_exclusive,
         split_cost=clock.split_cost(),  # the split rule prices passes as this clock does
         taps_per_request=settings.taps_per_request,
         tap_ladder=settings.tap_ladder,

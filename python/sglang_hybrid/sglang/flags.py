@@ -19,7 +19,9 @@ from typing import Any, Literal
 from ..index import CacheConfig, ConfigError, CostModel, resolve_config
 from ..index.config import (
     DEFAULT_HOST_CACHE_MIB,
+    DEFAULT_HOST_EXCLUSIVE,
     FLAG_HOST,
+    FLAG_HOST_EXCLUSIVE,
     FLAG_HOST_ORDER,
     FLAG_LADDER,
     FLAG_MIN_GAP,
@@ -61,6 +63,7 @@ class HybridOptions:
     l3: str | None = None  # --hybrid-l3 URL: a third tier shared by a fleet (``l3_tier.py``)
     split_threshold: float = 1.0  # --hybrid-split-threshold (index/split_rule.py)
     host_order: str = "duel"  # --hybrid-host-order (index/hit_density.py)
+    host_exclusive: bool | None = None  # --hybrid-host-exclusive (index/demotion.py); None: default
     # The prefill cost the split rule prices a pass and its tokens at; None: the cache's own
     # (``CostModel()``'s planning values). Not a flag: the replay sets its clock's preset.
     split_cost: CostModel | None = None
@@ -183,6 +186,15 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         "Decisions count requests, never time, so every TP rank takes the same victim.",
     )
     g.add_argument(
+        FLAG_HOST_EXCLUSIVE,
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="Hold each cached KV block on one tier: the host gives up its copies of blocks the "
+        "device holds first, and blocks the device will evict next are written to the host "
+        "ahead of their eviction, so the two tiers cache their sum, not the host's size. "
+        f"Default {'on' if DEFAULT_HOST_EXCLUSIVE else 'off'} with a host tier.",
+    )
+    g.add_argument(
         FLAG_HOST_COPY,
         choices=("async", "inline"),
         default="async",
@@ -258,6 +270,7 @@ def options_from_namespace(args: argparse.Namespace) -> HybridOptions:
         l3=getattr(args, "hybrid_l3", None),
         split_threshold=getattr(args, "hybrid_split_threshold", 1.0),
         host_order=getattr(args, "hybrid_host_order", "duel"),
+        host_exclusive=getattr(args, "hybrid_host_exclusive", None),
     )
 
 
@@ -313,6 +326,7 @@ def _resolve(opts: HybridOptions, *, concurrency: int, chunk_tokens: int) -> Cac
         tap_ladder_tokens=opts.tap_ladder,
         tap_min_gap_tokens=opts.tap_min_gap,
         host_order=opts.host_order,
+        host_exclusive=opts.host_exclusive,
     )
 
 
@@ -350,6 +364,11 @@ def check_options(opts: HybridOptions) -> None:
         raise ConfigError(
             f"{FLAG_HOST_ORDER} {opts.host_order}: {FLAG_HOST} 0 turns the host tier off, and "
             f"the order chooses among its snapshots; drop one of the two"
+        )
+    if mib == 0 and opts.host_exclusive:
+        raise ConfigError(
+            f"{FLAG_HOST_EXCLUSIVE}: {FLAG_HOST} 0 turns the host tier off, and exclusivity "
+            f"shares blocks between it and the device; drop one of the two"
         )
     total = _physical_memory()
     if total and mib << 20 > total:

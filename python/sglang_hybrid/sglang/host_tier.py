@@ -80,6 +80,7 @@ class _Op:
 @dataclass(slots=True)
 class _Counters:
     written_bytes: int = 0
+    demoted_bytes: int = 0  # of written_bytes, demotions' (an exclusive host)
     restored_bytes: int = 0
     restored_blocks: int = 0
     prefetched_blocks: int = 0
@@ -180,13 +181,16 @@ class HostTier:
             self._retire(len(self.ops))
 
     def poll(self) -> int:
-        """Retire the operations every rank has finished; issue backlog the bound now allows.
-        Called once per scheduler iteration (before the batch is chosen). Returns retired."""
-        if not self.ops:
-            return 0
-        k = self._agree(self.queue.finished())
-        if k:
-            self._retire(k)
+        """Retire the operations every rank has finished; issue backlog the bound now allows;
+        with an exclusive host, demote what the next pass may evict (``demote``). Called once
+        per scheduler iteration (before the batch is chosen). Returns retired."""
+        k = 0
+        if self.ops:
+            k = self._agree(self.queue.finished())
+            if k:
+                self._retire(k)
+        if self.index.config.host_exclusive:
+            self.demote()
         return k
 
     def _agree(self, k: int) -> int:
@@ -290,24 +294,68 @@ class HostTier:
         planned = self.index.transfers.plan_writes(lane)
         if not planned:
             return 0
-        # Handles are immutable bytes and the lane pins the pages: the copy list is built on
-        # the copy worker, not here.
+
+        def done() -> None:
+            self.index.transfers.complete_writes(planned)
+            if self.l3 is not None:
+                self.l3.wrote_blocks(planned)
+
+        return self._write_blocks(
+            planned, done, self.index.transfers.abort_writes, "blocks", (lane,), "write"
+        )
+
+    def demote(self) -> int:
+        """Write the unbacked blocks next in the device's eviction order to host, so that the
+        next pass evicts them as bookkeeping (``index/demotion.py``); returns bytes issued.
+
+        The blocks are out of the LRU while their copy is in flight (host Filling), so their
+        pages are not freed under it; one deleted meanwhile with its subtree frees them, and its
+        copy's bytes land in a slab nobody reads. A demotion counts against the write-through
+        bound and is shed with it under device pressure, as a failed copy is given back."""
+        planned = self.index.transfers.plan_demotions()
+        # Making room may have deleted a subtree whose host copy was its last (§9.4): its
+        # device pages go back to SGLang now, not at the next eviction.
+        self._free(self.index.drain_freed_device())
+        if not planned:
+            return 0
+        t = self.index.transfers
+        return self._write_blocks(
+            planned,
+            lambda: t.complete_demotions(planned),
+            t.abort_demotions,
+            "demoted blocks",
+            (),
+            "demote",
+        )
+
+    def _write_blocks(
+        self,
+        planned: list[tuple[BlockNode, int]],
+        landed: Callable[[], None],
+        abort: Callable[[list[tuple[BlockNode, int]]], None],
+        what: str,
+        lanes: tuple[Lane, ...],
+        kind: str,
+    ) -> int:
+        """One operation copying ``planned`` blocks (device handle -> host slab) to the host."""
+        # Handles are immutable bytes and the pages stay put (a lane's pins, or a demotion's
+        # Filling host copy): the copy list is built on the copy worker, not here.
         handles = [n.device for n, _ in planned]
         slabs = [slab for _, slab in planned]
         nbytes = len(planned) * self.layout.block_bytes
 
         def done(moved: int) -> None:
-            self.index.transfers.complete_writes(planned)
+            landed()
             self.c.written_bytes += moved
-            if self.l3 is not None:
-                self.l3.wrote_blocks(planned)
+            if kind == "demote":
+                self.c.demoted_bytes += moved
 
         def failed(exc: BaseException) -> None:
-            self.index.transfers.abort_writes(planned)
-            self.skips.note("write_through_failed", f"{len(planned)} blocks: {exc}")
+            abort(planned)
+            self.skips.note("write_through_failed", f"{len(planned)} {what}: {exc}")
 
         run = lambda: self._run(_block_copies(handles, slabs), to_host=True)  # noqa: E731
-        self._submit(_Op(run, done, failed, nbytes, (lane,)))
+        self._submit(_Op(run, done, failed, nbytes, lanes, kind))
         return nbytes
 
     def write_snapshot(self, s: Snapshot, state_slot: int, lane: Lane | None = None) -> int:
@@ -454,7 +502,7 @@ class HostTier:
     @property
     def filling(self) -> bool:
         """A restore or prefetch is landing: some device copies are Filling."""
-        return any(op.kind != "write" for op in self.ops)
+        return any(op.kind not in ("write", "demote") for op in self.ops)
 
     def restoring(self) -> set[str]:
         """Request ids whose own restore has not retired."""
@@ -519,7 +567,7 @@ class HostTier:
         return count
 
     def _backed_evictable(self) -> int:
-        return sum(self.index.lru.backed.values())
+        return self.index.lru.backed_tokens
 
     # ================================================================ stats
     def usage(self) -> HostUsage:
@@ -539,6 +587,7 @@ class HostTier:
             "host_write_backlogged": self.c.backlogged,
             "host_write_shed": self.c.shed,
             "host_write_peak_bytes": self.c.peak_write_bytes,
+            "host_demoted_bytes": self.c.demoted_bytes,
         }
 
 

@@ -128,6 +128,11 @@ SERIES: tuple[Series, ...] = (
         "Bytes written through from the device to the host tier (KV blocks, state images, tails)",
     ),
     Series(
+        "host_tier_demoted_blocks_total",
+        "counter",
+        "KV blocks an exclusive host tier took from the device ahead of their eviction",
+    ),
+    Series(
         "host_tier_restored_bytes_total",
         "counter",
         "Bytes restored from the host tier to the device for requests resuming from host states",
@@ -146,9 +151,10 @@ SERIES: tuple[Series, ...] = (
         "counter",
         "KV block copies evicted (a snapshot's tail counts as one): from the device with a host "
         "copy kept (backed) or as the last copy (unbacked, with what lies below it), and from "
-        "the host as dead KV no snapshot resumes through (dead_kv)",
+        "the host as dead KV no snapshot resumes through (dead_kv) or, with an exclusive host, "
+        "as a copy of a block the device holds (duplicate)",
         ("tier", "reason"),
-        (("device", "backed"), ("device", "unbacked"), ("host", "dead_kv")),
+        (("device", "backed"), ("device", "unbacked"), ("host", "dead_kv"), ("host", "duplicate")),
     ),
     Series(
         "evicted_snapshots_total",
@@ -229,12 +235,14 @@ _MIRRORED: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("evicted_blocks_total", ("device", "backed"), ("device_evicted_backed",)),
     ("evicted_blocks_total", ("device", "unbacked"), ("device_evicted_unbacked",)),
     ("evicted_blocks_total", ("host", "dead_kv"), ("host_dead_swept",)),
+    ("evicted_blocks_total", ("host", "duplicate"), ("host_duplicates_dropped",)),
     ("evicted_snapshots_total", ("host", "superseded"), ("host_superseded_evicted",)),
     ("evicted_snapshots_total", ("host", "gdsf"), ("host_gdsf_evicted",)),
     ("coalesced_requests_total", (), ("coalesce_waiters",)),
     ("coalesce_held_passes_total", (), ("coalesce_holds",)),
     ("host_tier_written_bytes_total", (), ("host_written_bytes",)),
     ("host_tier_restored_bytes_total", (), ("host_restored_bytes",)),
+    ("host_tier_demoted_blocks_total", (), ("blocks_demoted",)),
     ("l3_off_events_total", (), ("l3_offs",)),
     ("l3_lookups_total", ("hit",), ("l3_lookup_hits",)),
     ("l3_lookups_total", ("miss",), ("l3_lookup_misses",)),
