@@ -52,7 +52,8 @@ class Reserve:
         self._since = 0  # tokens evicted since the last ``tick``
 
     def note_evicted(self, tokens: int) -> None:
-        self._since += tokens
+        if self.floor:  # counted only for an exclusive host (only it ticks)
+            self._since += tokens
 
     def tick(self) -> None:
         """Once per scheduler iteration, before demotions are planned."""

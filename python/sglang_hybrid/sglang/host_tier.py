@@ -26,68 +26,24 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 
 from ..index import BLOCK_TOKENS, BlockNode, Lane, PrefixIndex, Snapshot
 from ..index.node import FastResidency
 from ..store.copy_queue import CopyMode, ThreadQueue, make_queue
-from ..store.device import DevicePools, DeviceSlots, handle_to_slots, handles_to_slots
+from ..store.device import DevicePools, DeviceSlots
 from ..store.host_memory import HostMemory
 from ..store.layout import SlabLayout
 from ..store.transfer import BlockCopy, SlabCopier, TransferBatch
+from .host_ops import Counters, HostUsage, Op, PendingRestore, block_copies, host_or_device
 from .pages import alloc_evicting, ceil_to, free_dropped
 from .skips import Skips
 
 logger = logging.getLogger(__name__)
 R = FastResidency  # Residency, read faster (index/node.py)
 PREFETCH_BLOCKS = 256
-
-
-class HostUsage(NamedTuple):
-    kv_bytes: int
-    image_bytes: int
-    free_bytes: int
-
-
-@dataclass(slots=True, eq=False)
-class PendingRestore:
-    """A restore in flight for one waiting request (its lane open, destinations Filling)."""
-
-    rid: str
-    handle: Any  # the request's MatchHandle for the host source (holds the lane)
-    nbytes: int = 0
-    tokens: int = 0  # prefix tokens whose KV comes back from the host
-    image_on_device: bool = False  # the image stayed in the source's slot (COW from there)
-    staging: torch.Tensor | None = None  # the MambaPool slot the image lands in (async)
-    done: bool = False
-    failed: bool = False
-    counted: bool = False  # its bytes and tokens are on the request's record
-
-
-@dataclass(slots=True, eq=False)
-class _Op:
-    run: Callable[[], int]  # enqueues the copies, returns the bytes
-    done: Callable[[int], None]
-    failed: Callable[[BaseException], None]
-    write_bytes: int = 0  # counted against the write-through bound
-    lanes: tuple[Lane, ...] = ()  # kept open until the operation retires
-    kind: str = "write"
-
-
-@dataclass(slots=True)
-class _Counters:
-    written_bytes: int = 0
-    demoted_bytes: int = 0  # of written_bytes, demotions' (an exclusive host)
-    restored_bytes: int = 0
-    restored_blocks: int = 0
-    prefetched_blocks: int = 0
-    ops_issued: int = 0
-    backlogged: int = 0
-    shed: int = 0
-    peak_write_bytes: int = 0
 
 
 class HostTier:
@@ -131,13 +87,13 @@ class HostTier:
             import torch.distributed as dist
 
             self.world = dist.get_world_size(group)
-        self.ops: deque[_Op] = deque()  # issued, in queue order
-        self.backlog: deque[_Op] = deque()  # write-through beyond the bound, not yet issued
+        self.ops: deque[Op] = deque()  # issued, in queue order
+        self.backlog: deque[Op] = deque()  # write-through beyond the bound, not yet issued
         self.write_bytes = 0  # write-through bytes issued and not yet retired
         self.restores: dict[str, PendingRestore] = {}  # rid -> restore of a waiting request
         self._holds: dict[int, int] = {}  # lane id -> operations keeping it open
         self._closing: dict[int, Lane] = {}  # lanes released once their operations retire
-        self.c = _Counters()
+        self.c = Counters()
         self.l3: Any = None  # ``--hybrid-l3``: told what landed (``l3_tier.py``)
 
     # ---------------------------------------------------------------- counters (stats())
@@ -158,7 +114,7 @@ class HostTier:
         return self.c.prefetched_blocks
 
     # ================================================================ the queue
-    def _submit(self, op: _Op) -> None:
+    def _submit(self, op: Op) -> None:
         for lane in op.lanes:
             self._holds[lane.id] = self._holds.get(lane.id, 0) + 1
         if op.write_bytes and (self.backlog or not self._fits(op.write_bytes)):
@@ -171,7 +127,7 @@ class HostTier:
         """Within the write-through bound (one operation alone always fits)."""
         return not self.write_bytes or self.write_bytes + nbytes <= self.write_limit
 
-    def _issue(self, op: _Op) -> None:
+    def _issue(self, op: Op) -> None:
         self.ops.append(op)
         self.write_bytes += op.write_bytes
         self.c.peak_write_bytes = max(self.c.peak_write_bytes, self.write_bytes)
@@ -354,8 +310,8 @@ class HostTier:
             abort(planned)
             self.skips.note("write_through_failed", f"{len(planned)} {what}: {exc}")
 
-        run = lambda: self._run(_block_copies(handles, slabs), to_host=True)  # noqa: E731
-        self._submit(_Op(run, done, failed, nbytes, lanes, kind))
+        run = lambda: self._run(block_copies(handles, slabs), to_host=True)  # noqa: E731
+        self._submit(Op(run, done, failed, nbytes, lanes, kind))
         return nbytes
 
     def write_snapshot(self, s: Snapshot, state_slot: int, lane: Lane | None = None) -> int:
@@ -378,7 +334,7 @@ class HostTier:
         slabs, tail_slab = plan
         tail = None
         if tail_slab >= 0:  # host slot ids, or device ones used as indices (store.transfer)
-            tail = BlockCopy(_host_or_device(s.tail_device)[: s.tail_len], tail_slab)
+            tail = BlockCopy(host_or_device(s.tail_device)[: s.tail_len], tail_slab)
         nbytes = self.layout.image_bytes + (self.layout.block_bytes if tail is not None else 0)
 
         def done(moved: int) -> None:
@@ -393,7 +349,7 @@ class HostTier:
 
         run = lambda: self._run([], to_host=True, image=(state_slot, slabs), tail=tail)  # noqa: E731
         lanes = (lane,) if lane is not None and not lane.closed else ()
-        self._submit(_Op(run, done, failed, nbytes, lanes))
+        self._submit(Op(run, done, failed, nbytes, lanes))
         return early + nbytes
 
     def _run(
@@ -483,7 +439,7 @@ class HostTier:
 
         run = lambda: self._run(items, to_host=False, image=image, tail=tail)  # noqa: E731
         self.restores[rid] = pending
-        self._submit(_Op(run, done, failed, kind="restore:" + rid))
+        self._submit(Op(run, done, failed, kind="restore:" + rid))
         return pending
 
     def _begin_fills(self, nodes: list[BlockNode], slots: torch.Tensor | None) -> list[BlockCopy]:
@@ -563,7 +519,7 @@ class HostTier:
             self.skips.note("restore_abandoned", f"prefetch copy failed: {exc}")
 
         run = lambda: self._run(items, to_host=False)  # noqa: E731
-        self._submit(_Op(run, done, failed, kind="prefetch"))
+        self._submit(Op(run, done, failed, kind="prefetch"))
         return count
 
     def _backed_evictable(self) -> int:
@@ -589,17 +545,3 @@ class HostTier:
             "host_write_peak_bytes": self.c.peak_write_bytes,
             "host_demoted_bytes": self.c.demoted_bytes,
         }
-
-
-def _block_copies(handles: list[Any], slabs: list[int]) -> list[BlockCopy]:
-    """Block copies from device handles (64 slots each): ``bytes`` ones converted to host
-    metadata in one go, device ones (``DeviceSlots``) used as device indices."""
-    if not any(isinstance(h, DeviceSlots) for h in handles):
-        rows = handles_to_slots(handles, "cpu").view(len(slabs), BLOCK_TOKENS)
-        return [BlockCopy(rows[i], slab) for i, slab in enumerate(slabs)]
-    return [BlockCopy(_host_or_device(h), slab) for h, slab in zip(handles, slabs)]
-
-
-def _host_or_device(handle: object) -> torch.Tensor:
-    """A handle's slots: on the host for ``bytes``, the device tensor for ``DeviceSlots``."""
-    return handle_to_slots(handle, "cpu")

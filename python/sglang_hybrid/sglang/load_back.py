@@ -25,7 +25,7 @@ from sglang.srt.mem_cache.base_prefix_cache import (
 
 from ..index import BLOCK_TOKENS, PromptKey, Snapshot
 from ..index.node import FastResidency
-from .host_tier import PendingRestore
+from .host_ops import PendingRestore
 from .pages import ceil_to
 from .request import ATTR, MatchHandle, ReqState, key_for, waiting_key
 
