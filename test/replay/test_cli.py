@@ -107,3 +107,24 @@ def test_the_host_order_reaches_the_cache_options() -> None:
         assert kw["server_args_attrs"]["_hybrid_options"].host_order == order
     with pytest.raises(SystemExit):
         parser.parse_args([*argv, "--host-order", "lru"])
+
+
+def test_host_exclusive_reaches_the_cache_options() -> None:
+    """``--host-exclusive`` is the backend's ``--hybrid-host-exclusive``; unset, the backend's
+    default (None) is passed on."""
+    from sglang_hybrid.replay.caches import scheduler_kwargs
+    from sglang_hybrid.replay.driver import plan_for
+
+    argv = ["run", "--trace", "agent", "--budget-gib", "16", "--host-gib", "8"]
+    parser = cli.build_parser()
+    for flag, want in (([], None), (["--host-exclusive"], True), (["--no-host-exclusive"], False)):
+        settings = cli._settings(parser.parse_args([*argv, *flag]), 16)
+        assert settings.host_exclusive is want
+        kw = scheduler_kwargs(
+            plan_for("hybrid", settings),
+            chunk=256,
+            max_prefill_tokens=512,
+            context_length=4096,
+            host_exclusive=settings.host_exclusive,
+        )
+        assert kw["server_args_attrs"]["_hybrid_options"].host_exclusive is want

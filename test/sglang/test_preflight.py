@@ -61,6 +61,11 @@ def check(parser: argparse.ArgumentParser, *argv: str, launch: bool = True) -> N
             r"--hybrid-host-order gdsf: --hybrid-host-cache-mib 0 turns the host tier off",
         ),
         (["--hybrid-host-order", "learned"], r"--hybrid-host-order configures --radix-cache hy"),
+        (
+            ["--radix-cache", "hybrid", "--hybrid-host-cache-mib", "0", "--hybrid-host-exclusive"],
+            r"--hybrid-host-exclusive: --hybrid-host-cache-mib 0 turns the host tier off",
+        ),
+        (["--hybrid-host-exclusive"], r"--hybrid-host-exclusive configures --radix-cache hy"),
         (["--radix-cache", "hybrid", "--page-size", "48"], r"--page-size 48"),
         (["--radix-cache", "hybrid", "--hybrid-l3", "ftp://x"], r"--hybrid-l3"),
         (
@@ -88,7 +93,9 @@ def test_accepted_launches(parser: argparse.ArgumentParser, tmp_path: Path) -> N
         str(tmp_path / "c"),
         "--hybrid-host-order",
         "gdsf",
+        "--hybrid-host-exclusive",
     )
+    check(parser, *CPU, "--radix-cache", "hybrid", "--no-hybrid-host-exclusive")
     with pytest.raises(SystemExit):  # argparse's own error: not one of the choices
         check(parser, *CPU, "--radix-cache", "hybrid", "--hybrid-host-order", "lru")
 

@@ -91,7 +91,7 @@ class DeviceLRU:
                 lst.move_to_end(entry)
                 return
 
-    def set_backed(self, entry: Entry, backed: bool, dead: bool = False) -> None:
+    def set_list(self, entry: Entry, backed: bool, dead: bool = False) -> None:
         """Move to the list its copies now name, keeping its recency rank approximately (it goes
         MRU); in place when it is there already."""
         dst = self._list(backed, dead)

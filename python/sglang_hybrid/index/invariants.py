@@ -202,7 +202,7 @@ def check_integrity(index: PrefixIndex) -> None:
             backed = n.host_state is R.RESIDENT
             lst = index.lru.dead if lost else index.lru.backed if backed else index.lru.unbacked
             if n not in lst:
-                _fail(f"{n}: LRU list (dead {lost}, backed {n.host_state is R.RESIDENT})")
+                _fail(f"{n}: LRU list (dead {lost}, backed {backed})")
         dead = free and n.host_state is R.RESIDENT and n.live_snapshots_below == 0
         if dead != (n in index.dead):
             _fail(f"{n}: dead-KV membership")

@@ -73,9 +73,8 @@ class PrefixIndex:
         self.slab_bytes = slab_bytes
         # Parts, each changed only through its own methods; who calls which is noted here.
         self.tree = BlockTree()  # structure: commit, delete_subtree, adopt_node
-        self.residency = ResidencyTracker(
-            config.host_exclusive
-        )  # the LRU, dead KV, device tokens, dropped handles
+        # The LRU (with an exclusive host's dead list), dead KV, device tokens, dropped handles.
+        self.residency = ResidencyTracker(dead_first=config.host_exclusive)
         self.transfers = HostTransfers(self)  # the binding's host copies (write, fill, prefetch)
         # An exclusive host's demotion reserve: evict_device counts, plan_demotions ticks.
         self.reserve = Reserve(config.demote_reserve_tokens)

@@ -63,7 +63,7 @@ class ResidencyTracker:
         if in_lru:
             lost = self.dead_first and n.live_snapshots_below == 0
             if n in self.lru:
-                self.lru.set_backed(n, backed, lost)
+                self.lru.set_list(n, backed, lost)
             else:
                 self.lru.add(n, BLOCK_TOKENS, backed, lost)
         elif n in self.lru:
@@ -81,7 +81,7 @@ class ResidencyTracker:
         backed = s.tail_host_state is R.RESIDENT
         if in_lru:
             if s in self.lru:
-                self.lru.set_backed(s, backed)
+                self.lru.set_list(s, backed)
             else:
                 self.lru.add(s, s.tail_device_tokens, backed)
         elif s in self.lru:
@@ -93,8 +93,9 @@ class ResidencyTracker:
     def ref(self, node: BlockNode) -> None:
         """A lane pins ``node``. Equivalent to ``active_refs += 1; node_changed(node)``: when the
         ref makes a free node pinned, node_changed would take it out of the LRU exactly when its
-        device copy is Resident and out of the dead list exactly when its host copy is Resident
-        with no live snapshot below (where a free node is); any other ref leaves it in neither."""
+        device copy is Resident and it is not being demoted (host copy Filling), and out of the
+        dead list exactly when its host copy is Resident with no live snapshot below (where a
+        free node is); any other ref leaves it in neither."""
         node.active_refs += 1
         if node.active_refs == 1 and node.restore_pins == 0:
             if node.device_state is R.RESIDENT and node.host_state is not R.FILLING:
