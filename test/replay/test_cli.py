@@ -86,25 +86,32 @@ def test_capture_grid_without_zero_split_is_refused(tmp_path):
         cli.main(argv)
 
 
-def test_the_host_order_reaches_the_cache_options() -> None:
-    """``--host-order`` is the backend's ``--hybrid-host-order``: the same choices, passed on."""
+def _hybrid_options(settings):  # type: ignore[no-untyped-def]
+    """The ``HybridOptions`` the replay hands SGLang's scheduler for ``settings``' host order
+    and exclusivity, passed as ``driver.py`` passes them."""
     from sglang_hybrid.replay.caches import scheduler_kwargs
     from sglang_hybrid.replay.driver import plan_for
 
+    kw = scheduler_kwargs(
+        plan_for("hybrid", settings),
+        chunk=256,
+        max_prefill_tokens=512,
+        context_length=4096,
+        host_order=settings.host_order,
+        host_exclusive=settings.host_exclusive,
+    )
+    return kw["server_args_attrs"]["_hybrid_options"]
+
+
+def test_the_host_order_reaches_the_cache_options() -> None:
+    """``--host-order`` is the backend's ``--hybrid-host-order``: the same choices, passed on."""
     argv = ["run", "--trace", "agent", "--budget-gib", "16", "--host-gib", "8"]
     parser = cli.build_parser()
     for order in ("duel", "gdsf", "learned"):
         args = parser.parse_args([*argv, "--host-order", order] if order != "duel" else argv)
         settings = cli._settings(args, 16)
         assert settings.host_order == order
-        kw = scheduler_kwargs(
-            plan_for("hybrid", settings),
-            chunk=256,
-            max_prefill_tokens=512,
-            context_length=4096,
-            host_order=settings.host_order,
-        )
-        assert kw["server_args_attrs"]["_hybrid_options"].host_order == order
+        assert _hybrid_options(settings).host_order == order
     with pytest.raises(SystemExit):
         parser.parse_args([*argv, "--host-order", "lru"])
 
@@ -112,19 +119,9 @@ def test_the_host_order_reaches_the_cache_options() -> None:
 def test_host_exclusive_reaches_the_cache_options() -> None:
     """``--host-exclusive`` is the backend's ``--hybrid-host-exclusive``; unset, the backend's
     default (None) is passed on."""
-    from sglang_hybrid.replay.caches import scheduler_kwargs
-    from sglang_hybrid.replay.driver import plan_for
-
     argv = ["run", "--trace", "agent", "--budget-gib", "16", "--host-gib", "8"]
     parser = cli.build_parser()
     for flag, want in (([], None), (["--host-exclusive"], True), (["--no-host-exclusive"], False)):
         settings = cli._settings(parser.parse_args([*argv, *flag]), 16)
         assert settings.host_exclusive is want
-        kw = scheduler_kwargs(
-            plan_for("hybrid", settings),
-            chunk=256,
-            max_prefill_tokens=512,
-            context_length=4096,
-            host_exclusive=settings.host_exclusive,
-        )
-        assert kw["server_args_attrs"]["_hybrid_options"].host_exclusive is want
+        assert _hybrid_options(settings).host_exclusive is want
