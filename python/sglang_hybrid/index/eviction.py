@@ -68,14 +68,18 @@ def evict_device(index: PrefixIndex, tokens: int, *, backed_only: bool = False) 
             elif victim.n_children == 0 and not victim.snapshots and victim.host_state is R.ABSENT:
                 # The common victim under pressure (867k of the Mooncake trace's): a bare leaf
                 # whose device copy is its only copy. Its subtree is itself: deleted in one step
-                # (``check_integrity`` recomputes what this touches).
-                stats.device_evicted_unbacked += 1
+                # (``check_integrity`` recomputes what this touches). No snapshot lies below a
+                # bare leaf: dead, nothing is lost.
+                stats.device_evicted_dead += 1
                 stats.subtree_deletions += 1
                 residency.forget_evicted(victim)
                 index.ghosts.remember(victim, tree.n_nodes)
                 tree.remove_leaf(victim)
             else:
-                stats.device_evicted_unbacked += 1
+                if victim.live_snapshots_below:
+                    stats.device_evicted_unbacked += 1  # a resumable path loses its last copy
+                else:
+                    stats.device_evicted_dead += 1
                 delete_subtree(index, victim)
         else:
             assert isinstance(victim, Snapshot)

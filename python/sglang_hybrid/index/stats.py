@@ -15,7 +15,11 @@ class IndexStats:
     duplicate_publications: int = 0
     skipped_no_slot: int = 0
     device_evicted_backed: int = 0
+    # A block's last copy dropped: ``unbacked`` while some live snapshot lay below it (a path a
+    # request could have resumed through is lost), ``dead`` when none did (spec §9.3's dead KV,
+    # on the device: nothing is lost). Unbacked tails count as unbacked (their snapshot goes).
     device_evicted_unbacked: int = 0
+    device_evicted_dead: int = 0
     subtree_deletions: int = 0
     host_dead_swept: int = 0
     host_superseded_evicted: int = 0

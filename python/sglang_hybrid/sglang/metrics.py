@@ -150,11 +150,18 @@ SERIES: tuple[Series, ...] = (
         "evicted_blocks_total",
         "counter",
         "KV block copies evicted (a snapshot's tail counts as one): from the device with a host "
-        "copy kept (backed) or as the last copy (unbacked, with what lies below it), and from "
-        "the host as dead KV no snapshot resumes through (dead_kv) or, with an exclusive host, "
-        "as a copy of a block the device holds (duplicate)",
+        "copy kept (backed), as the last copy of a path some snapshot resumes through "
+        "(unbacked, with what lies below it) or of one none does (dead), and from the host as "
+        "dead KV (dead_kv) or, with an exclusive host, as a copy of a block the device holds "
+        "(duplicate)",
         ("tier", "reason"),
-        (("device", "backed"), ("device", "unbacked"), ("host", "dead_kv"), ("host", "duplicate")),
+        (
+            ("device", "backed"),
+            ("device", "unbacked"),
+            ("device", "dead"),
+            ("host", "dead_kv"),
+            ("host", "duplicate"),
+        ),
     ),
     Series(
         "evicted_snapshots_total",
@@ -234,6 +241,7 @@ _MIRRORED: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("skipped_taps_total", ("over_budget",), ("tap_over_budget",)),
     ("evicted_blocks_total", ("device", "backed"), ("device_evicted_backed",)),
     ("evicted_blocks_total", ("device", "unbacked"), ("device_evicted_unbacked",)),
+    ("evicted_blocks_total", ("device", "dead"), ("device_evicted_dead",)),
     ("evicted_blocks_total", ("host", "dead_kv"), ("host_dead_swept",)),
     ("evicted_blocks_total", ("host", "duplicate"), ("host_duplicates_dropped",)),
     ("evicted_snapshots_total", ("host", "superseded"), ("host_superseded_evicted",)),
