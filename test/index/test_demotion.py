@@ -76,13 +76,14 @@ def test_demoted_blocks_are_evicted_as_bookkeeping() -> None:
     assert idx.stats.device_evicted_unbacked == 0
     # What the next pass would evict is now unbacked: A's shallow blocks, oldest first.
     assert demotion_candidates(idx) == path[:4][::-1]
+    tick = idx.tick
     planned = idx.transfers.plan_demotions()
     assert [n for n, _ in planned] == path[:4][::-1]
     # In flight: Filling on the host, out of the LRU (no eviction frees the pages read).
     assert all(n.host_state is Residency.FILLING and n not in idx.lru for n in path[:4])
     assert idx.evict_device(1 << 20) == 0
     idx.check_integrity()
-    idx.transfers.complete_demotions(planned)
+    idx.transfers.complete_demotions(planned, tick)
     assert idx.stats.blocks_demoted == 4
     assert list(idx.lru.backed) == path[:4][::-1]  # the evicting end, oldest first
     idx.check_integrity()
@@ -110,14 +111,31 @@ def test_without_demotion_the_same_eviction_loses_the_path() -> None:
 def test_a_block_deleted_while_demoting_discards_its_copy() -> None:
     idx, dev = _next_victims_unbacked()
     path = _path(idx, A)
+    tick = idx.tick
     planned = idx.transfers.plan_demotions()
     assert len(planned) == 4
     used = idx.host.used
     idx.delete_subtree(path[0])  # e.g. an unpinned ancestor lost its last copy (§9.4)
     dev.collect(idx)
     assert idx.host.used < used  # the demotions' slabs went with the blocks
-    idx.transfers.complete_demotions(planned)  # lands in slabs nobody owns: ignored
+    idx.transfers.complete_demotions(planned, tick)  # lands in slabs nobody owns: ignored
     assert idx.stats.blocks_demoted == 0
+    idx.check_integrity()
+
+
+def test_a_block_hit_while_demoting_lands_at_the_mru_end() -> None:
+    """A request reaching blocks whose demotion is in flight: its release cannot put them back
+    in the LRU (their host copy is Filling), so the landing does, where the hit would have."""
+    idx, dev = _next_victims_unbacked()
+    shallow = _path(idx, A)[:4]
+    tick = idx.tick
+    planned = idx.transfers.plan_demotions()
+    assert [n for n, _ in planned] == shallow[::-1]
+    run(idx, dev, A[:129], endpoint=False, write=False)  # commits through the first two
+    assert all(n.last_access > tick and n not in idx.lru for n in shallow[:2])
+    idx.transfers.complete_demotions(planned, tick)
+    # The two not hit at the evicting end, deepest first; the two hit at the MRU end.
+    assert list(idx.lru.backed) == [shallow[3], shallow[2], shallow[0], shallow[1]]
     idx.check_integrity()
 
 
@@ -125,7 +143,7 @@ def test_a_failed_demotion_leaves_the_blocks_unbacked_at_the_evicting_end() -> N
     idx, _ = _next_victims_unbacked()
     free = idx.host.free
     planned = idx.transfers.plan_demotions()
-    idx.transfers.abort_demotions(planned)
+    idx.transfers.abort_demotions(planned, idx.tick)
     assert idx.host.free >= free  # every slab it took went back
     assert list(idx.lru.unbacked)[:4] == [n for n, _ in planned]
     assert all(n.host_state is Residency.ABSENT for n, _ in planned)

@@ -160,13 +160,14 @@ class World:
         blocks meanwhile exposed to every other operation, deletion of their subtree included)."""
         r = self.rng.random()
         if r < 0.5 or not self.demotions:
+            tick = self.idx.tick
             planned = self.idx.transfers.plan_demotions()
             if planned:
-                self.demotions.append(planned)
+                self.demotions.append((planned, tick))
         elif r < 0.95:
-            self.idx.transfers.complete_demotions(self.demotions.pop(0))
+            self.idx.transfers.complete_demotions(*self.demotions.pop(0))
         else:
-            self.idx.transfers.abort_demotions(self.demotions.pop(0))
+            self.idx.transfers.abort_demotions(*self.demotions.pop(0))
 
     def lose_copy(self) -> None:
         """Drop the host copy of a random unpinned node (its subtree goes when it was the last)."""
@@ -206,7 +207,7 @@ def test_random_operations_keep_every_invariant(seed: int, exclusive: bool, requ
     while w.lanes:
         w.finish(w.lanes[0], cancelled=True)
     while w.demotions:
-        w.idx.transfers.complete_demotions(w.demotions.pop(0))
+        w.idx.transfers.complete_demotions(*w.demotions.pop(0))
     w.dev.collect(w.idx)
     check_integrity(w.idx)
     idx = w.idx

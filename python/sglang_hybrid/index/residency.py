@@ -147,10 +147,13 @@ class ResidencyTracker:
             if s.anchor.uses <= probation:
                 lru.add_head(s, s.tail_device_tokens, s.tail_host_state is resident)
 
-    def return_demoted(self, nodes: Sequence[BlockNode]) -> None:
+    def return_demoted(self, nodes: Sequence[BlockNode], planned_at: int) -> None:
         """Demoted ``nodes`` (oldest first), their host copies now Resident or given back,
         re-enter the LRU at the evicting end of their list, where they left it, the oldest
-        nearest it: demotion took them because they were next."""
+        nearest it: demotion took them because they were next. A node hit while its copy was in
+        flight (``last_access`` after the plan's tick ``planned_at``; a ref keeps it out of the
+        LRU, its release cannot add it while the copy is Filling) goes to the MRU end as that
+        hit's release would have put it."""
         lru = self.lru
         for n in reversed(nodes):
             if (
@@ -158,6 +161,7 @@ class ResidencyTracker:
                 and n.restore_pins == 0
                 and n.device_state is R.RESIDENT
                 and n not in lru
+                and n.last_access <= planned_at
             ):
                 lost = self.dead_first and n.live_snapshots_below == 0
                 lru.add_head(n, BLOCK_TOKENS, n.host_state is R.RESIDENT, lost)

@@ -133,16 +133,17 @@ class HostTransfers:
             changed(node)
         return list(zip(todo, slabs, strict=True))
 
-    def complete_demotions(self, planned: list[tuple[BlockNode, int]]) -> None:
+    def complete_demotions(self, planned: list[tuple[BlockNode, int]], planned_at: int) -> None:
+        """The copies of ``planned`` (made when ``tick`` was ``planned_at``) landed."""
         ix = self.index
         live = [(n, slab) for n, slab in planned if _demoting(n, slab)]
         for node, _ in live:
             node.host_state = R.RESIDENT
-        ix.residency.return_demoted([n for n, _ in live])
+        ix.residency.return_demoted([n for n, _ in live], planned_at)
         ix.stats.blocks_demoted += len(live)
         self._landed(live)
 
-    def abort_demotions(self, planned: list[tuple[BlockNode, int]]) -> None:
+    def abort_demotions(self, planned: list[tuple[BlockNode, int]], planned_at: int) -> None:
         """The copy failed: the slabs go back, the blocks stay device-only and evictable."""
         ix = self.index
         assert ix.host is not None
@@ -150,7 +151,7 @@ class HostTransfers:
         for node, _ in live:
             node.host_slab, node.host_state = -1, R.ABSENT
         ix.host.release([slab for _, slab in live])
-        ix.residency.return_demoted([n for n, _ in live])
+        ix.residency.return_demoted([n for n, _ in live], planned_at)
         ix.epoch += 1
 
     def plan_image_write(self, s: Snapshot) -> tuple[tuple[int, ...], int] | None:

@@ -268,6 +268,7 @@ class HostTier:
         pages are not freed under it; one deleted meanwhile with its subtree frees them, and its
         copy's bytes land in a slab nobody reads. A demotion counts against the write-through
         bound and is shed with it under device pressure, as a failed copy is given back."""
+        planned_at = self.index.tick  # a block hit after this returns to the MRU end
         planned = self.index.transfers.plan_demotions()
         # Making room may have deleted a subtree whose host copy was its last (§9.4): its
         # device pages go back to SGLang now, not at the next eviction.
@@ -277,8 +278,8 @@ class HostTier:
         t = self.index.transfers
         return self._write_blocks(
             planned,
-            lambda: t.complete_demotions(planned),
-            t.abort_demotions,
+            lambda: t.complete_demotions(planned, planned_at),
+            lambda p: t.abort_demotions(p, planned_at),
             "demoted blocks",
             (),
             "demote",
