@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from gloo_pair import run_two_ranks
 
 HERE = Path(__file__).resolve().parent
 
@@ -130,26 +131,7 @@ def _gloo_rank(rank: int, rendezvous: str, diverge_at: int | None, q: mp.Queue) 
 def test_rank_determinism_check_ranks_over_a_gloo_group(diverge_at, tmp_path) -> None:
     """Two processes, one gloo group: equal decisions pass; the first differing pass stops both
     ranks with the message naming the pass."""
-    import queue
-
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    # A file rendezvous: no port to race for on a shared machine.
-    rendezvous = f"file://{tmp_path / 'rendezvous'}"
-    procs = [ctx.Process(target=_gloo_rank, args=(r, rendezvous, diverge_at, q)) for r in (0, 1)]
-    for p in procs:
-        p.start()
-    try:
-        got = dict(q.get(timeout=180) for _ in procs)
-    except queue.Empty:
-        codes = [p.exitcode for p in procs]
-        raise AssertionError(f"a rank reported nothing in 180 s (exit codes {codes})") from None
-    finally:
-        for p in procs:
-            p.join(timeout=60)
-            if p.is_alive():
-                p.terminate()
-    assert [p.exitcode for p in procs] == [0, 0]
+    got = run_two_ranks(_gloo_rank, (diverge_at,), tmp_path)
     if diverge_at is None:
         assert got == {0: None, 1: None}
     else:

@@ -85,6 +85,7 @@ class LoadReport(NamedTuple):
     nbytes: int = 0
     durable: int = 0  # clients' durable pins (without a TTL) pinned again
     learned: int = 0  # events of the host's learned order taken from the file (0: none)
+    digest: int = 0  # what TP ranks compare (``load_digest``): what was loaded, not how much
 
 
 # ================================================================ configuration
@@ -197,6 +198,27 @@ def geometry_of(cache: Any) -> Geometry:
 
 
 # ================================================================ load / save
+def load_digest(records: Any, plan: Any, learned_state: Any, learned_events: int) -> int:
+    """A 62-bit digest of what a load adopted, equal on TP ranks that loaded the same: the kept
+    blocks (parent, hash, tokens) and snapshots (anchor, frontier, tail, kind, hits, durable pin)
+    in record order, and the learned order's saved state and the events taken from it. Slab
+    numbers and the bytes are left out (each rank holds its own KV heads). xxh3 with its fixed
+    seed: the same on every process (Python's ``hash`` is salted per process)."""
+    h = xxhash.xxh3_64()
+    nodes, snaps = records.nodes, records.snapshots
+    for i in plan.nodes:
+        n = nodes[i]
+        h.update(b"n%d:%d:%d:" % (n.parent, n.lookup_hash, n.extra))
+        h.update(n.tokens)
+    for i in plan.snapshots:
+        r = snaps[i]
+        h.update(b"s%d:%d:%d:%d:%d:" % (r.anchor, r.frontier, r.kind, r.hits, r.durable))
+        h.update(r.tail)
+    h.update(json.dumps(learned_state, sort_keys=True).encode())
+    h.update(b"e%d" % learned_events)
+    return h.intdigest() >> 2  # non-negative, and -digest fits the int64 all-reduce
+
+
 class Persistence:
     """One scheduler's cache file: loads it once at start, saves at the orderly stop."""
 
@@ -297,8 +319,9 @@ class Persistence:
                 cache.empty_index()
                 return LoadReport(False, reason)
         learned = self._adopt_learned(index, cf.header.get("learned"))
+        digest = load_digest(cf.records, plan, cf.header.get("learned"), learned)
         return LoadReport(
-            True, reason, adopted.snapshots, adopted.nodes, nbytes, adopted.durable, learned
+            True, reason, adopted.snapshots, adopted.nodes, nbytes, adopted.durable, learned, digest
         )
 
     def _adopt_learned(self, index: Any, state: Any) -> int:
@@ -317,10 +340,10 @@ class Persistence:
             return report
         from .ranks import all_reduce_range
 
-        digest = (report.snapshots << 32) | report.nodes if report.loaded else -1
-        lo, hi = all_reduce_range(digest, self.tp_group)
-        learned_lo, learned_hi = all_reduce_range(report.learned, self.tp_group)
-        if lo == hi and learned_lo == learned_hi:
+        # One reduce of a content digest: equal counts from different files (two saves of
+        # unequal age, another run's file renamed) must disagree too.
+        lo, hi = all_reduce_range(report.digest if report.loaded else -1, self.tp_group)
+        if lo == hi:
             return report
         cache.empty_index()
         return LoadReport(False, "the TP ranks' files disagree (one is missing, damaged or older)")
