@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,6 +16,15 @@ def test_plan_prints_each_cache(capsys):
     for cache in ("hybrid", "no_buffer", "extra_buffer", "oracle"):
         assert f"  {cache}: " in out
     assert "snapshot slots" in out
+
+
+def test_plan_names_a_budget_too_small_for_a_cache(capsys):
+    """A plan whose budget holds too little for one cache says so on that cache's line and still
+    plans the others (it used to end in a traceback)."""
+    assert cli.main(["plan", "--budget-gib", "0.5", "--geometry", "qwen3-next-80b"]) == 0
+    out = capsys.readouterr().out
+    assert "hybrid: a 0.50 GiB budget leaves" in out and "too small for hybrid" in out
+    assert "no_buffer:" in out
 
 
 def test_generate_writes_the_workload_it_replays(tmp_path, capsys):
@@ -125,3 +135,31 @@ def test_host_exclusive_reaches_the_cache_options() -> None:
         settings = cli._settings(parser.parse_args([*argv, *flag]), 16)
         assert settings.host_exclusive is want
         assert _hybrid_options(settings).host_exclusive is want
+
+
+def test_tier_census_counts_the_tiers_of_a_replay(tmp_path, qwen3_next_dir):
+    """``benchmark/replay/tier_census.py`` around a real ``hybrid`` replay with a host tier: its
+    censuses are taken during the run and written with the replay's arguments."""
+    import importlib.util
+
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location(
+        "tier_census", root / "benchmark/replay/tier_census.py"
+    )
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = tmp_path / "census.json"
+    replay = ["--trace", "chat", "--limit", "40", "--caches", "hybrid", "--budget-gib", "1.5"]
+    replay += ["--geometry", "qwen3-next-80b", "--host-gib", "1", "--chunk", "256"]
+    replay += ["--max-prefill-tokens", "512", "--model-dir", str(qwen3_next_dir)]
+    replay += ["--out", str(tmp_path / "report"), "--no-progress"]
+    assert mod.main(["--every", "1", "--json", str(out), "--", *replay]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["args"] == replay and doc["censuses"], doc
+    last = doc["censuses"][-1]
+    held = sum(last["blocks"].values())
+    assert held > 0 and last["host_slabs"] > 0, last
+    assert any(k.startswith(("host/", "dup/")) for c in doc["censuses"] for k in c["blocks"])
+    with pytest.raises(SystemExit):  # argparse's error: a census every 0 calls means nothing
+        mod.main(["--every", "0", "--", *replay])

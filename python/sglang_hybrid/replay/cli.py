@@ -414,15 +414,19 @@ def cmd_plan(args: argparse.Namespace) -> int:
     for b in args.budget_gib:
         print(f"budget {b:g} GiB device + {args.host_gib:g} GiB host, {geometry.name}:")
         for cache in CACHES:
-            plan = plan_pools(
-                cache,
-                device_bytes=int(b * GIB),
-                host_bytes=int(args.host_gib * GIB),
-                geometry=geometry,
-                max_running=args.max_running,
-                mamba_ratio=args.mamba_ratio,
-                snapshot_slots=args.snapshot_slots,
-            )
+            try:
+                plan = plan_pools(
+                    cache,
+                    device_bytes=int(b * GIB),
+                    host_bytes=int(args.host_gib * GIB),
+                    geometry=geometry,
+                    max_running=args.max_running,
+                    mamba_ratio=args.mamba_ratio,
+                    snapshot_slots=args.snapshot_slots,
+                )
+            except ValueError as e:  # a budget too small for this cache: say so, plan the rest
+                print(f"  {cache}: {e}")
+                continue
             print("  " + plan.describe(geometry))
     return 0
 
