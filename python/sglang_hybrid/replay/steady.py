@@ -37,6 +37,7 @@ COUNTERS: tuple[str, ...] = (
     "taps_published",
     "endpoints_published",
     "device_evicted_unbacked",
+    "device_evicted_dead",
 )
 
 
