@@ -9,7 +9,9 @@ needs it), walks the index and counts:
 - each by what lies below it: ``host_snap`` (a live snapshot whose image the host holds: the
   host alone can serve a resume through it), ``device_snap`` (only device-held images),
   ``none`` (dead KV);
-- state images by where they are: ``H`` host only, ``D`` device only, ``HD`` both.
+- state images by where they are: ``H`` host only, ``D`` device only, ``HD`` both;
+- ``lanes``: the index's lanes opened so far, the census's clock (a retried or re-admitted
+  request opens another, so it runs past the trace's request count).
 
 A copy on both tiers is what an exclusive hierarchy (``--hybrid-host-exclusive``) can give back;
 ``dup`` blocks and ``HD`` images bound what it can gain. The walk is O(tree) per census, so this
@@ -67,7 +69,7 @@ def census(index: Any) -> dict[str, Any]:
         images[(where or "-") + ("/superseded" if s.superseded else "")] += 1
     host = index.host
     return {
-        "requests": index.requests,
+        "lanes": index.requests,  # lanes opened so far (retried and re-admitted ones too)
         "blocks": dict(sorted(blocks.items())),
         "images": dict(sorted(images.items())),
         "host_free_slabs": host.free if host is not None else 0,
