@@ -77,6 +77,25 @@ def qwen3_next_dir(tiny_models: dict[str, Path]) -> Path:
     return tiny_models["qwen3_next"]
 
 
+def load_script(relpath: str) -> Any:
+    """A script of the repository that is not a package module (``benchmark/``, ``examples/``),
+    imported from its path under the repository root."""
+    import importlib.util
+
+    path = ROOT / relpath
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec is not None and spec.loader is not None, path
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture
+def script() -> Callable[[str], Any]:
+    """``script("benchmark/replay/summary.py")``: that script as a module (``load_script``)."""
+    return load_script
+
+
 @pytest.fixture
 def make_scheduler() -> Iterator[Callable[..., Any]]:
     """``make_scheduler(model_dir, **kwargs)``: a fresh InProcessScheduler (one alive at a time)."""

@@ -4,27 +4,14 @@ Blocks are 64 tokens; a block slab is 100 B and an image 10 slabs (``helpers.mak
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 from helpers import Device, make_index, run
 
-ROOT = Path(__file__).resolve().parents[2]
 A = list(range(1, 514))  # 8 blocks and a token; a tap at 512 anchors on the 8th
 B = list(range(1000, 1384))  # 6 blocks, no snapshot
 
 
-def _census():  # type: ignore[no-untyped-def]
-    path = ROOT / "benchmark/replay/tier_census.py"
-    spec = importlib.util.spec_from_file_location("tier_census", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.census
-
-
-def test_the_census_counts_each_block_and_image_by_tier_and_what_lies_below() -> None:
-    census = _census()
+def test_the_census_counts_each_block_and_image_by_tier_and_what_lies_below(script) -> None:
+    census = script("benchmark/replay/tier_census.py").census
     idx, dev = make_index(host_slabs=40, slots=4), Device()
     run(idx, dev, A, taps=[512], endpoint=False)  # written through: both tiers
     run(idx, dev, B, endpoint=False, write=False)  # device only, no snapshot below: dead

@@ -1,5 +1,4 @@
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -137,18 +136,10 @@ def test_host_exclusive_reaches_the_cache_options() -> None:
         assert _hybrid_options(settings).host_exclusive is want
 
 
-def test_tier_census_counts_the_tiers_of_a_replay(tmp_path, qwen3_next_dir):
+def test_tier_census_counts_the_tiers_of_a_replay(tmp_path, qwen3_next_dir, script):
     """``benchmark/replay/tier_census.py`` around a real ``hybrid`` replay with a host tier: its
     censuses are taken during the run and written with the replay's arguments."""
-    import importlib.util
-
-    root = Path(__file__).resolve().parents[2]
-    spec = importlib.util.spec_from_file_location(
-        "tier_census", root / "benchmark/replay/tier_census.py"
-    )
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = script("benchmark/replay/tier_census.py")
     out = tmp_path / "census.json"
     replay = ["--trace", "chat", "--limit", "40", "--caches", "hybrid", "--budget-gib", "1.5"]
     replay += ["--geometry", "qwen3-next-80b", "--host-gib", "1", "--chunk", "256"]

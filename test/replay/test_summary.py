@@ -2,19 +2,8 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _summary():
-    spec = importlib.util.spec_from_file_location("summary", ROOT / "benchmark/replay/summary.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def _report(path: Path, points: list[tuple[float, float, dict[str, int]]]) -> None:
@@ -40,8 +29,8 @@ def _report(path: Path, points: list[tuple[float, float, dict[str, int]]]) -> No
     (path / "report.json").write_text(json.dumps(doc))
 
 
-def test_rows_compare_hybrid_with_the_better_sglang_placement(tmp_path: Path):
-    summary = _summary()
+def test_rows_compare_hybrid_with_the_better_sglang_placement(tmp_path: Path, script):
+    summary = script("benchmark/replay/summary.py")
     four = {"hybrid": 600, "no_buffer": 800, "extra_buffer": 750, "oracle": 500}
     _report(tmp_path / "agent", [(16.0, 0.0, four), (32.0, 0.0, {**four, "hybrid": 900})])
     _report(tmp_path / "mooncake-host", [(32.0, 96.0, {"hybrid": 700, "no_buffer": 650})])
@@ -56,8 +45,8 @@ def test_rows_compare_hybrid_with_the_better_sglang_placement(tmp_path: Path):
     assert "600 (40.0 %)" in md
 
 
-def test_no_runs_is_an_error_not_an_empty_table(tmp_path: Path, capsys, monkeypatch):
-    summary = _summary()
+def test_no_runs_is_an_error_not_an_empty_table(tmp_path: Path, capsys, monkeypatch, script):
+    summary = script("benchmark/replay/summary.py")
     monkeypatch.setattr("sys.argv", ["summary.py", "--results", str(tmp_path)])
     assert summary.main() == 1
     assert "no runs found" in capsys.readouterr().err

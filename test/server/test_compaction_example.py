@@ -3,27 +3,15 @@ request's ``cached_tokens`` equals the ``retained_prefix_tokens`` the server rep
 
 from __future__ import annotations
 
-import importlib.util
 import io
-from pathlib import Path
 
 from sglang_hybrid.client import ClientError, HybridClient
 from sglang_hybrid.cpu.server import CpuServer
 
-ROOT = Path(__file__).resolve().parents[2]
 
-
-def _example():
-    spec = importlib.util.spec_from_file_location("compaction", ROOT / "examples/compaction.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def test_every_verdict_reuses_what_was_reported(hybrid_server: CpuServer) -> None:
+def test_every_verdict_reuses_what_was_reported(hybrid_server: CpuServer, script) -> None:
     out = io.StringIO()
-    records = _example().run(HybridClient(hybrid_server.url), seed=3, out=out)
+    records = script("examples/compaction.py").run(HybridClient(hybrid_server.url), seed=3, out=out)
     print("\n" + out.getvalue())
     verdicts = [r["verdict"] for r in records]
     assert verdicts == ["aligned", "snapped", "partial-reuse", "full-re-prefill"], out.getvalue()

@@ -53,7 +53,15 @@ from typing import Any, NamedTuple, cast
 import xxhash
 
 from ..index import BLOCK_TOKENS, ConfigError
-from ..index.persist import SOURCE_IMAGE, SOURCE_TAIL, AdoptError, SaveSource, export_for_save
+from ..index.persist import (
+    SOURCE_IMAGE,
+    SOURCE_TAIL,
+    AdoptError,
+    AdoptPlan,
+    HostExport,
+    SaveSource,
+    export_for_save,
+)
 from ..store.cache_file import (
     CacheFileError,
     Geometry,
@@ -198,7 +206,9 @@ def geometry_of(cache: Any) -> Geometry:
 
 
 # ================================================================ load / save
-def load_digest(records: Any, plan: Any, learned_state: Any, learned_events: int) -> int:
+def load_digest(
+    records: HostExport, plan: AdoptPlan, learned_state: Any, learned_events: int
+) -> int:
     """A 62-bit digest of what a load adopted, equal on TP ranks that loaded the same: the kept
     blocks (parent, hash, tokens) and snapshots (anchor, frontier, tail, kind, hits, durable pin)
     in record order, and the learned order's saved state and the events taken from it. Slab
